@@ -1,0 +1,282 @@
+"""What a backend declares about one kernel: :class:`KernelSpec` and its parts.
+
+Spec objects are small frozen dataclasses that validate and normalise themselves on
+construction, so a plugin's mistake surfaces where the plugin made it. Nothing here
+imports torch: spec modules must stay cheap to import (see ``discovery``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+#: Every op the core knows, with its variants. The first variant is the default one.
+OPS: Mapping[str, tuple[str, ...]] = {
+    "rms_norm": ("standard", "offset"),
+    "rotary": ("full", "partial"),
+    "swiglu": ("standard",),
+    "cross_entropy": ("logits", "fused_linear"),
+    "moe_experts": ("standard",),
+    "load_balancing_loss": ("standard",),
+    "attention": ("standard",),
+}
+
+#: Device types a hardware requirement may name. ``any`` matches every device.
+DEVICE_TYPES = ("cuda", "rocm", "npu", "xpu", "mps", "cpu", "any")
+
+#: dtype names a spec may declare (strings, so spec modules need not import torch).
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+
+Factory = Union[str, Callable[[], Callable[..., Any]]]
+
+
+class SpecError(ValueError):
+    """A KernelSpec (or one of its parts) is malformed."""
+
+
+def normalize_name(name: str) -> str:
+    """Canonical form of a kernel name: lower case, ``-``/``.``/spaces become ``_``.
+
+    ``"Flash-Attention-4"`` and ``"flash_attention_4"`` name the same kernel.
+    """
+    if not isinstance(name, str):
+        raise SpecError(f"kernel name must be a string, got {type(name).__name__} {name!r}")
+    out = re.sub(r"[\s\-.]+", "_", name.strip().lower())
+    if not _NAME_RE.match(out):
+        raise SpecError(
+            f"kernel name {name!r} is not valid: after normalisation ({out!r}) it must start with a "
+            "letter and contain only letters, digits and underscores"
+        )
+    return out
+
+
+def _parse_capability(value: Any, what: str) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        m = re.fullmatch(r"(?:sm_?)?(\d+)[.](\d+)|sm_?(\d)(\d)", value.strip().lower())
+        if not m:
+            raise SpecError(f"{what} {value!r} is not a compute capability; write e.g. (9, 0) or '9.0'")
+        major, minor = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+        return int(major), int(minor)
+    if (
+        isinstance(value, (tuple, list))
+        and len(value) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+    ):
+        return int(value[0]), int(value[1])
+    raise SpecError(f"{what} {value!r} is not a compute capability; write e.g. (9, 0) or '9.0'")
+
+
+@dataclass(frozen=True)
+class HardwareRequirement:
+    """Where a kernel can run.
+
+    ``device_types``: any of :data:`DEVICE_TYPES`; ``("any",)`` runs everywhere.
+    ``min_capability`` / ``max_capability``: inclusive CUDA/ROCm compute-capability range,
+    e.g. ``(9, 0)`` for Hopper only; ``None`` leaves that end open. A capability bound on a
+    device type that has none (``cpu``, ``npu``) is ignored for that type.
+    """
+
+    device_types: tuple[str, ...] = ("any",)
+    min_capability: tuple[int, int] | None = None
+    max_capability: tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        types = self.device_types
+        if isinstance(types, str):
+            types = (types,)
+        types = tuple(str(t).strip().lower() for t in types)
+        if not types:
+            raise SpecError("HardwareRequirement.device_types is empty; use ('any',) to run everywhere")
+        for t in types:
+            if t not in DEVICE_TYPES:
+                raise SpecError(f"unknown device type {t!r} in HardwareRequirement; known: {', '.join(DEVICE_TYPES)}")
+        object.__setattr__(self, "device_types", types)
+        lo = _parse_capability(self.min_capability, "min_capability")
+        hi = _parse_capability(self.max_capability, "max_capability")
+        if lo and hi and lo > hi:
+            raise SpecError(f"min_capability {lo} is above max_capability {hi}")
+        object.__setattr__(self, "min_capability", lo)
+        object.__setattr__(self, "max_capability", hi)
+
+    def describe(self) -> str:
+        types = "/".join(self.device_types)
+        cap = ""
+        if self.min_capability or self.max_capability:
+            lo = "%d.%d" % self.min_capability if self.min_capability else ""
+            hi = "%d.%d" % self.max_capability if self.max_capability else ""
+            cap = f" sm {lo}..{hi}" if lo != hi else f" sm {lo}"
+        return types + cap
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "device_types": list(self.device_types),
+            "min_capability": list(self.min_capability) if self.min_capability else None,
+            "max_capability": list(self.max_capability) if self.max_capability else None,
+        }
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Largest accepted difference from the float64 reference: ``|a-b| <= atol + rtol*|b|``."""
+
+    atol: float
+    rtol: float
+
+    def __post_init__(self) -> None:
+        for k in ("atol", "rtol"):
+            v = getattr(self, k)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0:
+                raise SpecError(f"Tolerance.{k} must be a non-negative number, got {v!r}")
+            object.__setattr__(self, k, float(v))
+
+
+#: Tolerances used when a spec declares none for a dtype (fp32 math, cast at the end).
+DEFAULT_TOLERANCES: Mapping[str, Tolerance] = {
+    "float64": Tolerance(1e-10, 1e-8),
+    "float32": Tolerance(1e-5, 1e-4),
+    "bfloat16": Tolerance(2e-2, 2e-2),
+    "float16": Tolerance(2e-3, 2e-3),
+}
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One kernel for one variant of one op, as a backend declares it.
+
+    Fields:
+        name: what a user writes in the config (``rms_norm_implementation: liger``).
+            Normalised (:func:`normalize_name`).
+        op / variant: one of :data:`OPS` and one of that op's variants.
+        factory: how to get the kernel, imported only once resolution accepts the spec.
+            Either ``"package.module:attr"`` (the attribute *is* the kernel callable) or a
+            zero-argument callable that imports what it needs and returns the kernel.
+        hardware: where it runs (:class:`HardwareRequirement`).
+        requires: distribution requirements checked from installed metadata before any
+            import, e.g. ``("liger-kernel>=0.6.0",)``.
+        supports_backward: the kernel is differentiable as the op contract says.
+        supports_compile: ``torch.compile(fullgraph=True)`` traces through it.
+        dtypes: dtype names it accepts (``"bfloat16"``, ...).
+        priority: rank for ``auto`` (higher wins); the core's eager reference is 0.
+        tolerances: per dtype name, the :class:`Tolerance` the conformance checks use;
+            dtypes not listed use :data:`DEFAULT_TOLERANCES`.
+        description: one line for humans.
+        install_hint: what to run to get its requirements, shown in refusals.
+    """
+
+    name: str
+    op: str
+    variant: str
+    factory: Factory
+    hardware: HardwareRequirement = field(default_factory=HardwareRequirement)
+    requires: tuple[str, ...] = ()
+    supports_backward: bool = True
+    supports_compile: bool = False
+    dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")
+    priority: int = 0
+    tolerances: Any = ()
+    description: str = ""
+    install_hint: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "name", normalize_name(self.name))
+        if self.op not in OPS:
+            raise SpecError(f"kernel {self.name!r}: unknown op {self.op!r}; known ops: {', '.join(OPS)}")
+        if self.variant not in OPS[self.op]:
+            raise SpecError(
+                f"kernel {self.name!r}: op {self.op!r} has no variant {self.variant!r}; "
+                f"its variants are: {', '.join(OPS[self.op])}"
+            )
+        f = self.factory
+        if isinstance(f, str):
+            mod, sep, attr = f.partition(":")
+            if not sep or not mod or not attr or " " in f:
+                raise SpecError(
+                    f"kernel {self.name!r} ({self.op}/{self.variant}): factory {f!r} must be 'package.module:attr'"
+                )
+        elif not callable(f):
+            raise SpecError(
+                f"kernel {self.name!r} ({self.op}/{self.variant}): factory must be 'module:attr' or a callable, "
+                f"got {type(f).__name__}"
+            )
+        if not isinstance(self.hardware, HardwareRequirement):
+            raise SpecError(f"kernel {self.name!r}: hardware must be a HardwareRequirement, got {self.hardware!r}")
+        req = self.requires
+        if isinstance(req, str):
+            req = (req,)
+        req = tuple(req)
+        for r in req:
+            _parse_requirement(r, self.name)
+        object.__setattr__(self, "requires", req)
+        dts = (self.dtypes,) if isinstance(self.dtypes, str) else tuple(self.dtypes)
+        for d in dts:
+            if d not in DTYPES:
+                raise SpecError(f"kernel {self.name!r}: unknown dtype {d!r}; known: {', '.join(DTYPES)}")
+        if not dts:
+            raise SpecError(f"kernel {self.name!r}: dtypes is empty")
+        object.__setattr__(self, "dtypes", dts)
+        if not isinstance(self.priority, int) or isinstance(self.priority, bool):
+            raise SpecError(f"kernel {self.name!r}: priority must be an int, got {self.priority!r}")
+        tol = self.tolerances
+        items = tol.items() if isinstance(tol, Mapping) else tuple(tol)
+        norm = []
+        for d, t in items:
+            if d not in DTYPES:
+                raise SpecError(f"kernel {self.name!r}: tolerance for unknown dtype {d!r}")
+            if isinstance(t, (tuple, list)):
+                t = Tolerance(*t)
+            if not isinstance(t, Tolerance):
+                raise SpecError(f"kernel {self.name!r}: tolerance for {d} must be a Tolerance or (atol, rtol)")
+            norm.append((d, t))
+        object.__setattr__(self, "tolerances", tuple(sorted(norm)))
+        for b in ("supports_backward", "supports_compile"):
+            if not isinstance(getattr(self, b), bool):
+                raise SpecError(f"kernel {self.name!r}: {b} must be True or False")
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.op, self.variant, self.name)
+
+    def tolerance(self, dtype: str) -> Tolerance:
+        """The tolerance for ``dtype`` (a name such as ``"bfloat16"``, or a torch dtype)."""
+        dtype = str(dtype).removeprefix("torch.")
+        for d, t in self.tolerances:
+            if d == dtype:
+                return t
+        return DEFAULT_TOLERANCES[dtype]
+
+    def factory_repr(self) -> str:
+        f = self.factory
+        if isinstance(f, str):
+            return f
+        return f"{getattr(f, '__module__', '?')}:{getattr(f, '__qualname__', repr(f))}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "op": self.op,
+            "variant": self.variant,
+            "factory": self.factory_repr(),
+            "hardware": self.hardware.to_dict(),
+            "requires": list(self.requires),
+            "supports_backward": self.supports_backward,
+            "supports_compile": self.supports_compile,
+            "dtypes": list(self.dtypes),
+            "priority": self.priority,
+            "tolerances": {d: [t.atol, t.rtol] for d, t in self.tolerances},
+            "description": self.description,
+        }
+
+
+def _parse_requirement(text: str, kernel: str):
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    try:
+        return Requirement(text)
+    except (InvalidRequirement, TypeError) as e:
+        raise SpecError(f"kernel {kernel!r}: requirement {text!r} is not a valid requirement string ({e})") from None
