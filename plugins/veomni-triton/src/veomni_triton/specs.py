@@ -1,0 +1,89 @@
+"""Hook implementations of the ``triton`` backend (the project's own Triton kernels).
+
+This module is the entry point the core discovers (``veomni_ops.backends: triton``). It must
+stay light: it imports only ``veomni_ops`` (no torch, no Triton). The kernels are named by
+``factory`` strings and imported only when a plan selects them.
+"""
+
+from __future__ import annotations
+
+from veomni_ops.hookspecs import hookimpl
+from veomni_ops.spec import HardwareRequirement, KernelSpec, Tolerance
+
+_CUDA_SM80 = HardwareRequirement(("cuda",), min_capability=(8, 0))
+_REQUIRES = ("triton>=3.0",)
+_INSTALL = 'pip install "veomni-ops[triton]"'
+_DTYPES = ("float32", "bfloat16", "float16")
+_KERNELS = "veomni_triton.kernels"
+
+# fp32 math inside every kernel, one rounding to the input dtype at the end (two for the
+# standard norm: the contract casts x̂ before the weight multiply).
+_ELEMENTWISE_TOL = {
+    "float32": Tolerance(1e-5, 1e-4),
+    "bfloat16": Tolerance(2e-2, 2e-2),
+    "float16": Tolerance(2e-3, 2e-3),
+}
+
+
+def _spec(name: str, op: str, variant: str, factory: str, description: str, priority: int = 30) -> KernelSpec:
+    return KernelSpec(
+        name=name,
+        op=op,
+        variant=variant,
+        factory=f"{_KERNELS}.{factory}",
+        hardware=_CUDA_SM80,
+        requires=_REQUIRES,
+        supports_backward=True,
+        supports_compile=True,
+        dtypes=_DTYPES,
+        priority=priority,
+        tolerances=_ELEMENTWISE_TOL,
+        description=description,
+        install_hint=_INSTALL,
+    )
+
+
+@hookimpl
+def rms_norm() -> list[KernelSpec]:
+    return [
+        _spec(
+            "triton", "rms_norm", "standard", "rms_norm:rms_norm_standard",
+            "Triton RMSNorm, w * cast(x̂): one row per program, fp32 rstd saved, 2-kernel deterministic backward",
+        ),
+        _spec(
+            "triton", "rms_norm", "offset", "rms_norm:rms_norm_offset",
+            "Triton RMSNorm, cast(x̂ * (1 + w)) in fp32: one row per program, 2-kernel deterministic backward",
+        ),
+        # Batch-invariant: the block configuration depends on the hidden size only, so a row's
+        # output is bitwise the same whatever the number of rows. Ranked below `triton` so that
+        # `auto` never picks it; ask for it by name.
+        _spec(
+            "triton_batch_invariant", "rms_norm", "standard", "rms_norm:rms_norm_standard_batch_invariant",
+            "Triton RMSNorm (standard), batch-invariant forward: row result independent of batch size",
+            priority=25,
+        ),
+        _spec(
+            "triton_batch_invariant", "rms_norm", "offset", "rms_norm:rms_norm_offset_batch_invariant",
+            "Triton RMSNorm (offset), batch-invariant forward: row result independent of batch size",
+            priority=25,
+        ),
+    ]
+
+
+@hookimpl
+def rotary() -> list[KernelSpec]:
+    desc = "Triton RoPE: q and k in one launch, cos/sin read once per position, strided q/k without copies"
+    return [
+        _spec("triton", "rotary", "full", "rotary:apply_rotary", desc),
+        _spec("triton", "rotary", "partial", "rotary:apply_rotary", desc + "; first R channels rotated"),
+    ]
+
+
+@hookimpl
+def swiglu() -> list[KernelSpec]:
+    return [
+        _spec(
+            "triton", "swiglu", "standard", "swiglu:silu_mul",
+            "Triton silu(gate) * up: fused forward, one fused backward kernel (recomputes silu)",
+        ),
+    ]
