@@ -1,0 +1,60 @@
+"""veomni-ops: kernel selection for LLM training, with backends as plugins.
+
+    from veomni_ops import OpsConfig, resolve, apply
+    plan = resolve(OpsConfig(rms_norm_implementation="liger"))
+    print(plan.table())
+    apply(model, plan)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .config import ConfigError, OpsConfig
+from .device import DeviceInfo, current_device, parse_device
+from .discovery import PluginLoadError, build_registry, discover
+from .hookspecs import hookimpl, hookspec
+from .plan import KernelPlan, PlanEntry
+from .registry import DuplicateKernelError, LoadFailure, Registry
+from .resolve import ResolutionError, resolve
+from .spec import OPS, HardwareRequirement, KernelSpec, SpecError, Tolerance
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "OPS",
+    "ConfigError",
+    "DeviceInfo",
+    "DuplicateKernelError",
+    "HardwareRequirement",
+    "KernelPlan",
+    "KernelSpec",
+    "LoadFailure",
+    "OpsConfig",
+    "PlanEntry",
+    "PluginLoadError",
+    "Registry",
+    "ResolutionError",
+    "SpecError",
+    "Tolerance",
+    "apply",
+    "build_registry",
+    "current_device",
+    "discover",
+    "hookimpl",
+    "hookspec",
+    "parse_device",
+    "resolve",
+]
+
+if TYPE_CHECKING:
+    from .binding import apply
+
+
+def __getattr__(name: str) -> Any:
+    # Binding imports torch and transformers: only when used.
+    if name == "apply":
+        from .binding import apply
+
+        return apply
+    raise AttributeError(f"module 'veomni_ops' has no attribute {name!r}")

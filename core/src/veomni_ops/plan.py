@@ -1,0 +1,100 @@
+"""``KernelPlan``: the frozen outcome of resolution — per op and variant, which kernel and why."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .config import OpsConfig
+from .device import DeviceInfo
+from .spec import KernelSpec
+
+
+@dataclass(frozen=True)
+class PlanEntry:
+    op: str
+    variant: str
+    requested: str
+    kernel: str
+    distribution: str
+    version: str
+    reason: str
+    spec: KernelSpec = field(repr=False, compare=False)
+    fn: Callable[..., Any] | None = field(default=None, repr=False, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "variant": self.variant,
+            "requested": self.requested,
+            "kernel": self.kernel,
+            "distribution": self.distribution,
+            "version": self.version,
+            "reason": self.reason,
+            "factory": self.spec.factory_repr(),
+            "supports_backward": self.spec.supports_backward,
+            "supports_compile": self.spec.supports_compile,
+        }
+
+
+class KernelNotLoadedError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    """Per ``(op, variant)`` the chosen kernel. Immutable; bind it with ``veomni_ops.apply``."""
+
+    device: DeviceInfo
+    config: OpsConfig
+    entries: tuple[PlanEntry, ...]
+
+    def get(self, op: str, variant: str) -> PlanEntry | None:
+        for e in self.entries:
+            if e.op == op and e.variant == variant:
+                return e
+        return None
+
+    def for_op(self, op: str) -> list[PlanEntry]:
+        return [e for e in self.entries if e.op == op]
+
+    def kernel(self, op: str, variant: str) -> Callable[..., Any]:
+        """The loaded kernel callable for ``(op, variant)``."""
+        e = self.get(op, variant)
+        if e is None:
+            have = ", ".join(f"{x.op}/{x.variant}" for x in self.entries) or "nothing"
+            raise KeyError(f"the plan has no kernel for {op}/{variant}; it covers: {have}")
+        if e.fn is None:
+            raise KernelNotLoadedError(
+                f"the plan for {op}/{variant} ({e.kernel}) was resolved without loading kernels "
+                f"(device {self.device}); resolve on the device that runs it to load it"
+            )
+        return e.fn
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "device": self.device.to_dict(),
+            "config": self.config.to_dict(),
+            "entries": [e.to_dict() for e in self.entries],
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def table(self) -> str:
+        head = ("op", "variant", "kernel", "from", "why")
+        rows = [head] + [
+            (e.op, e.variant, e.kernel, f"{e.distribution} {e.version}", e.reason) for e in self.entries
+        ]
+        widths = [max(len(r[i]) for r in rows) for i in range(4)]
+        lines = [f"KernelPlan for {self.device}" + (f" ({self.device.name})" if self.device.name else "")]
+        for i, r in enumerate(rows):
+            lines.append("  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4])
+            if i == 0:
+                lines.append("  ".join("-" * w for w in widths) + "  " + "-" * 3)
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()

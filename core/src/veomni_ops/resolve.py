@@ -1,0 +1,302 @@
+"""Resolution: ``(config, device) -> KernelPlan``. Strict, and it explains.
+
+For each op: is the requested name registered, did its plugin load, does the device meet
+the spec's hardware requirement, are its required distributions installed, does it have the
+variant the model needs? Only then is its factory imported. Every refusal of one config is
+collected and raised together as one :class:`ResolutionError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any, Union
+
+from packaging.requirements import Requirement
+
+from .config import AUTO, OP_TO_FIELD, OpsConfig
+from .device import DeviceInfo, check_hardware, current_device
+from .discovery import discover
+from .plan import KernelPlan, PlanEntry
+from .registry import RegisteredKernel, Registry
+from .spec import OPS, KernelSpec
+
+#: What a model needs per op: a list of requirements, each a variant or a tuple of
+#: acceptable variants in order of preference (e.g. ``("fused_linear", "logits")``).
+Needs = Mapping[str, Sequence[Union[str, tuple[str, ...]]]]
+
+#: Our own backends, and the extra that installs each (for refusal messages).
+KNOWN_EXTRAS: Mapping[str, str] = {
+    "liger": "liger",
+    "triton": "triton",
+    "triton_batch_invariant": "triton",
+    "quack": "quack",
+    "npu": "npu",
+    "flash_attention_2": "flash",
+    "flash_attention_3": "flash",
+    "flash_attention_4": "flash",
+}
+
+
+@dataclass(frozen=True)
+class Refusal:
+    op: str
+    requested: str
+    variants: tuple[str, ...]
+    why: str
+    available: tuple[str, ...]
+    how: str
+    cause: BaseException | None = None
+
+    def describe(self) -> str:
+        field = OP_TO_FIELD[self.op]
+        avail = ", ".join(self.available) if self.available else "none"
+        return (
+            f"{field}={self.requested!r} (op {self.op}, variant {'/'.join(self.variants)}): {self.why}. "
+            f"Usable here for {self.op}/{self.variants[0]}: {avail}. {self.how}"
+        ).rstrip()
+
+
+class ResolutionError(RuntimeError):
+    """One or more ops of a config cannot be had on this device. ``refusals`` lists them all."""
+
+    def __init__(self, refusals: Sequence[Refusal], device: DeviceInfo):
+        self.refusals = tuple(refusals)
+        self.device = device
+        lines = [f"cannot resolve {len(self.refusals)} op(s) for device {device}:"]
+        lines += [f"  - {r.describe()}" for r in self.refusals]
+        super().__init__("\n".join(lines))
+        for r in self.refusals:
+            if r.cause is not None:
+                self.__cause__ = r.cause
+                break
+
+
+_loaded: dict[tuple[Any, ...], Callable[..., Any]] = {}
+
+
+def load_kernel(rk: RegisteredKernel) -> Callable[..., Any]:
+    """Import a spec's factory and return the kernel callable (cached per process)."""
+    key = (rk.provenance, rk.spec.key, rk.spec.factory_repr())
+    fn = _loaded.get(key)
+    if fn is None:
+        f = rk.spec.factory
+        if isinstance(f, str):
+            mod_name, _, attr = f.partition(":")
+            obj: Any = importlib.import_module(mod_name)
+            for part in attr.split("."):
+                obj = getattr(obj, part)
+            fn = obj
+        else:
+            fn = f()
+        if not callable(fn):
+            raise TypeError(f"factory {rk.spec.factory_repr()} gave {type(fn).__name__}, not a callable kernel")
+        _loaded[key] = fn
+    return fn
+
+
+def requirement_problem(text: str) -> str | None:
+    """``None`` if the installed distributions satisfy ``text`` (PEP 508), else why not."""
+    req = Requirement(text)
+    try:
+        have = metadata.version(req.name)
+    except metadata.PackageNotFoundError:
+        return f"requires {text}, which is not installed"
+    if req.specifier and not req.specifier.contains(have, prereleases=True):
+        return f"requires {text}, installed is {req.name} {have}"
+    return None
+
+
+def static_problem(spec: KernelSpec, device: DeviceInfo, dtype: str | None = None, training: bool = True) -> str | None:
+    """Why ``spec`` cannot run here, checking metadata only (no import); ``None`` if it can."""
+    why = check_hardware(spec.hardware, device)
+    if why:
+        return why
+    for r in spec.requires:
+        why = requirement_problem(r)
+        if why:
+            return why
+    if dtype is not None and dtype not in spec.dtypes:
+        return f"does not support dtype {dtype} (supports {', '.join(spec.dtypes)})"
+    if training and not spec.supports_backward:
+        return "has no backward, and training needs one"
+    return None
+
+
+def install_hint(name: str, spec: KernelSpec | None = None) -> str:
+    if spec is not None and spec.install_hint:
+        return f"To get it: {spec.install_hint}."
+    extra = KNOWN_EXTRAS.get(name)
+    if extra:
+        return f'To get it: pip install "veomni-ops[{extra}]".'
+    return (
+        "To get it: install the distribution that provides it (it declares an entry point in the group "
+        "'veomni_ops.backends'), or choose a kernel listed above."
+    )
+
+
+def _alternatives(req: str | tuple[str, ...]) -> tuple[str, ...]:
+    return (req,) if isinstance(req, str) else tuple(req)
+
+
+def _all_needs(reg: Registry, config: OpsConfig) -> dict[str, list[tuple[str, ...]]]:
+    """Without a model: every variant of every op. For an explicit name, only the variants
+    that name provides (a name that provides none is still refused)."""
+    needs: dict[str, list[tuple[str, ...]]] = {}
+    for op, variants in OPS.items():
+        name = config.for_op(op)
+        if name == AUTO:
+            needs[op] = [(v,) for v in variants]
+        else:
+            have = [v for v in variants if reg.get(op, v, name)]
+            needs[op] = [(v,) for v in have] or [(variants[0],)]
+    return needs
+
+
+def resolve(
+    config: OpsConfig | Mapping[str, Any] | str | os.PathLike | None = None,
+    device: DeviceInfo | str | None = None,
+    *,
+    needs: Needs | None = None,
+    registry: Registry | None = None,
+    dtype: str | None = None,
+    training: bool = True,
+    load: bool = True,
+) -> KernelPlan:
+    """Resolve ``config`` for ``device`` into a :class:`KernelPlan`.
+
+    ``needs`` restricts resolution to what a model needs (see :data:`Needs`); without it
+    every op and variant is resolved. ``dtype`` (e.g. ``"bfloat16"``) and ``training``
+    (kernel must have a backward) filter kernels. ``load=False`` checks everything but
+    the import (for resolving for another device). Raises :class:`ResolutionError` listing
+    every refusal.
+    """
+    cfg = _as_config(config)
+    dev = current_device(device)
+    reg = registry if registry is not None else discover()
+    if needs is None:
+        need_map: Mapping[str, Iterable[str | tuple[str, ...]]] = _all_needs(reg, cfg)
+    else:
+        unknown = [op for op in needs if op not in OPS]
+        if unknown:
+            raise ValueError(f"unknown op(s) in needs: {unknown}; known: {', '.join(OPS)}")
+        need_map = needs
+    entries: list[PlanEntry] = []
+    refusals: list[Refusal] = []
+    for op in OPS:
+        for req in need_map.get(op, ()):
+            alts = _alternatives(req)
+            for v in alts:
+                if v not in OPS[op]:
+                    raise ValueError(f"op {op} has no variant {v!r}; its variants: {', '.join(OPS[op])}")
+            requested = cfg.for_op(op)
+            if requested == AUTO:
+                got = _resolve_auto(reg, op, alts, dev, dtype, training, load)
+            else:
+                got = _resolve_named(reg, op, alts, requested, dev, dtype, training, load)
+            if isinstance(got, Refusal):
+                refusals.append(got)
+            elif all((e.op, e.variant) != (got.op, got.variant) for e in entries):
+                entries.append(got)
+    if refusals:
+        raise ResolutionError(refusals, dev)
+    return KernelPlan(dev, cfg, tuple(entries))
+
+
+def _as_config(config: Any) -> OpsConfig:
+    if config is None:
+        return OpsConfig()
+    if isinstance(config, OpsConfig):
+        return config
+    if isinstance(config, Mapping):
+        return OpsConfig.from_dict(config)
+    if isinstance(config, (str, os.PathLike)):
+        return OpsConfig.from_yaml(config)
+    raise TypeError(f"config must be an OpsConfig, a mapping or a YAML path, got {type(config).__name__}")
+
+
+def _usable_names(reg: Registry, op: str, variant: str, dev: DeviceInfo, dtype: str | None, training: bool) -> tuple[str, ...]:
+    return tuple(k.spec.name for k in reg.for_op(op, variant) if static_problem(k.spec, dev, dtype, training) is None)
+
+
+def _entry(rk: RegisteredKernel, requested: str, reason: str, load: bool) -> PlanEntry:
+    fn = load_kernel(rk) if load else None
+    s = rk.spec
+    return PlanEntry(s.op, s.variant, requested, s.name, rk.provenance.distribution, rk.provenance.version, reason, s, fn)
+
+
+def _resolve_named(reg, op, alts, name, dev, dtype, training, load) -> PlanEntry | Refusal:
+    provided = [reg.get(op, v, name) for v in alts]
+    provided = [k for k in provided if k is not None]
+    if not provided:
+        anywhere = [k.spec.variant for k in reg.for_op(op) if k.spec.name == name]
+        if anywhere:
+            why = (
+                f"kernel {name!r} provides variant(s) {', '.join(anywhere)} of {op}, but this needs "
+                f"{' or '.join(alts)}"
+            )
+            return Refusal(op, name, alts, why, _usable_names(reg, op, alts[0], dev, dtype, training),
+                           f"Choose a kernel that provides {alts[0]}, or 'auto'.")
+        failures = reg.failures_for(name)
+        if failures:
+            why = f"no kernel {name!r} is registered for {op}; its plugin failed to load: " + "; ".join(
+                f.describe() for f in failures
+            )
+            how = "Fix or reinstall the failing plugin (see the chained exception)."
+            cause = failures[0].error
+        else:
+            known = reg.names(op)
+            guess = difflib.get_close_matches(name, known, n=1)
+            why = f"no kernel {name!r} is registered for {op}" + (f" (did you mean {guess[0]!r}?)" if guess else "")
+            if reg.failures:
+                # Not obviously theirs, but a failed plugin may be the one that provides it.
+                why += "; note that these plugins failed to load: " + ", ".join(
+                    str(f.provenance) for f in reg.failures
+                )
+            how = install_hint(name)
+            cause = reg.failures[0].error if len(reg.failures) == 1 else None
+        return Refusal(op, name, alts, why, _usable_names(reg, op, alts[0], dev, dtype, training), how, cause)
+    problems = []
+    for rk in provided:
+        why = static_problem(rk.spec, dev, dtype, training)
+        if why is None:
+            try:
+                return _entry(rk, name, "requested by name", load)
+            except Exception as e:
+                problems.append((rk, f"its kernel failed to import ({type(e).__name__}: {e})", e))
+                continue
+        problems.append((rk, why, None))
+    rk, why, cause = problems[0]
+    how = install_hint(name, rk.spec) if "requires" in why else (
+        f"Pick a kernel that runs on {dev}, or 'auto'." if "device" in why or "capability" in why else ""
+    )
+    return Refusal(op, name, alts, f"kernel {name!r} ({rk.provenance}) {why}",
+                   _usable_names(reg, op, alts[0], dev, dtype, training), how, cause)
+
+
+def _resolve_auto(reg, op, alts, dev, dtype, training, load) -> PlanEntry | Refusal:
+    cands = [k for i, v in enumerate(alts) for k in reg.for_op(op, v)]
+    # Highest priority first; among equals, the preferred variant, then the name.
+    order = {v: i for i, v in enumerate(alts)}
+    cands.sort(key=lambda k: (-k.spec.priority, order[k.spec.variant], k.spec.name))
+    passed: list[str] = []
+    for rk in cands:
+        why = static_problem(rk.spec, dev, dtype, training)
+        if why is None:
+            try:
+                entry = _entry(rk, AUTO, "", load)
+            except Exception as e:
+                passed.append(f"{rk.spec.name} (import failed: {type(e).__name__})")
+                continue
+            reason = f"auto: highest priority usable here (priority {rk.spec.priority})"
+            if passed:
+                reason += "; passed over " + ", ".join(passed)
+            return dataclasses.replace(entry, reason=reason)
+        passed.append(f"{rk.spec.name} ({why})")
+    return Refusal(op, AUTO, alts, "no registered kernel is usable here" + (": " + "; ".join(passed) if passed else ""),
+                   (), "Install a backend for this op, or check why the candidates were refused.")
