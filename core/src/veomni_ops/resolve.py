@@ -145,13 +145,13 @@ def _alternatives(req: str | tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _all_needs(reg: Registry, config: OpsConfig) -> dict[str, list[tuple[str, ...]]]:
-    """Without a model: every variant of every op. For an explicit name, only the variants
-    that name provides (a name that provides none is still refused)."""
+    """Without a model: every variant some kernel provides, for every op. For an explicit
+    name, only the variants that name provides (a name that provides none is refused)."""
     needs: dict[str, list[tuple[str, ...]]] = {}
     for op, variants in OPS.items():
         name = config.for_op(op)
         if name == AUTO:
-            needs[op] = [(v,) for v in variants]
+            needs[op] = [(v,) for v in variants if reg.for_op(op, v)]
         else:
             have = [v for v in variants if reg.get(op, v, name)]
             needs[op] = [(v,) for v in have] or [(variants[0],)]

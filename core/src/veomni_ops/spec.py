@@ -58,7 +58,7 @@ def _parse_capability(value: Any, what: str) -> tuple[int, int] | None:
     if value is None:
         return None
     if isinstance(value, str):
-        m = re.fullmatch(r"(?:sm_?)?(\d+)[.](\d+)|sm_?(\d)(\d)", value.strip().lower())
+        m = re.fullmatch(r"(?:sm_?)?(\d+)[.](\d+)|sm_?(\d+)(\d)", value.strip().lower())
         if not m:
             raise SpecError(f"{what} {value!r} is not a compute capability; write e.g. (9, 0) or '9.0'")
         major, minor = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))

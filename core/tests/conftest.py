@@ -1,0 +1,32 @@
+import types
+
+import pytest
+from veomni_ops import HardwareRequirement, KernelSpec, build_registry, hookimpl
+
+
+def make_plugin(name: str, **hooks) -> types.ModuleType:
+    """A plugin module whose hooks return the given spec lists."""
+    mod = types.ModuleType(name)
+    for op, specs in hooks.items():
+        def impl(_specs=specs):
+            return list(_specs)
+
+        impl.__name__ = op
+        setattr(mod, op, hookimpl(impl))
+    return mod
+
+
+@pytest.fixture
+def toy_registry():
+    """A registry with no entry points: a portable kernel and a Hopper-only one."""
+    plugin = make_plugin(
+        "toy",
+        rms_norm=[
+            KernelSpec(name="portable", op="rms_norm", variant="standard", factory="math:sqrt", priority=1),
+            KernelSpec(name="portable", op="rms_norm", variant="offset", factory="math:sqrt", priority=1),
+            KernelSpec(name="hopper", op="rms_norm", variant="standard", factory="math:floor", priority=9,
+                       hardware=HardwareRequirement(("cuda",), min_capability=(9, 0), max_capability=(9, 0))),
+        ],
+        swiglu=[KernelSpec(name="portable", op="swiglu", variant="standard", factory="math:ceil")],
+    )
+    return build_registry([("toy", plugin)], include_entry_points=False, env={})

@@ -1,0 +1,148 @@
+import json
+
+import pytest
+from conftest import make_plugin
+from veomni_ops import KernelSpec, OpsConfig, ResolutionError, build_registry, parse_device, resolve
+from veomni_ops.device import DeviceError
+
+STD = {"rms_norm": ["standard"]}
+
+
+def test_auto_picks_highest_priority_usable(toy_registry):
+    plan = resolve(OpsConfig(), "cuda:9.0", registry=toy_registry, needs=STD)
+    assert plan.get("rms_norm", "standard").kernel == "hopper"
+    plan = resolve(OpsConfig(), "cuda:8.0", registry=toy_registry, needs=STD)
+    e = plan.get("rms_norm", "standard")
+    assert e.kernel == "portable"
+    assert "passed over hopper (needs compute capability <= 9.0" not in e.reason  # 8.0 is below, not above
+    assert "passed over hopper (needs compute capability >= 9.0, this device has 8.0)" in e.reason
+
+
+def test_explicit_name_never_replaced(toy_registry):
+    with pytest.raises(ResolutionError) as ei:
+        resolve(OpsConfig(rms_norm_implementation="hopper"), "cpu", registry=toy_registry, needs=STD)
+    msg = str(ei.value)
+    assert "rms_norm_implementation='hopper' (op rms_norm, variant standard)" in msg
+    assert "needs a cuda device, this is cpu" in msg
+    assert "Usable here for rms_norm/standard: portable" in msg
+
+
+def test_missing_variant_refused(toy_registry):
+    with pytest.raises(ResolutionError, match="kernel 'hopper' provides variant\\(s\\) standard of rms_norm, but this needs offset"):
+        resolve(OpsConfig(rms_norm_implementation="hopper"), "cuda:9.0", registry=toy_registry,
+                needs={"rms_norm": ["offset"]})
+    # auto takes the next kernel that has the variant, and says so
+    plan = resolve(OpsConfig(), "cuda:9.0", registry=toy_registry, needs={"rms_norm": ["offset"]})
+    assert plan.get("rms_norm", "offset").kernel == "portable"
+
+
+def test_unknown_name_did_you_mean_and_install_hint(toy_registry):
+    with pytest.raises(ResolutionError) as ei:
+        resolve(OpsConfig(rms_norm_implementation="portabel", swiglu_mlp_implementation="liger"), "cpu",
+                registry=toy_registry, needs={"rms_norm": ["standard"], "swiglu": ["standard"]})
+    msg = str(ei.value)
+    assert msg.startswith("cannot resolve 2 op(s) for device cpu:")  # all refusals together
+    assert "no kernel 'portabel' is registered for rms_norm (did you mean 'portable'?)" in msg
+    assert 'no kernel \'liger\' is registered for swiglu' in msg and 'pip install "veomni-ops[liger]"' in msg
+
+
+def test_failed_plugin_is_chained():
+    bad = make_plugin("liger")
+    def rms_norm():
+        raise RuntimeError("kaboom")
+    from veomni_ops import hookimpl
+    bad.rms_norm = hookimpl(rms_norm)
+    reg = build_registry([("liger", bad)], include_entry_points=False, env={})
+    assert reg.failures and reg.failures[0].phase == "hook:rms_norm"
+    with pytest.raises(ResolutionError) as ei:
+        resolve(OpsConfig(rms_norm_implementation="liger"), "cpu", registry=reg, needs=STD)
+    assert "its plugin failed to load: plugin liger local (entry point 'liger') failed at hook:rms_norm: RuntimeError: kaboom" in str(ei.value)
+    assert isinstance(ei.value.__cause__, RuntimeError)
+
+
+def test_requirement_checked_from_metadata():
+    p = make_plugin("p", swiglu=[
+        KernelSpec(name="needy", op="swiglu", variant="standard", factory="math:sqrt", requires=("no-such-dist-xyz>=1",)),
+        KernelSpec(name="old", op="swiglu", variant="standard", factory="math:sqrt", requires=("pluggy>=999",)),
+    ])
+    reg = build_registry([("p", p)], include_entry_points=False, env={})
+    for name, text in [("needy", "requires no-such-dist-xyz>=1, which is not installed"),
+                       ("old", "requires pluggy>=999, installed is pluggy ")]:
+        with pytest.raises(ResolutionError, match=text):
+            resolve(OpsConfig(swiglu_mlp_implementation=name), "cpu", registry=reg, needs={"swiglu": ["standard"]})
+
+
+def test_factory_import_failure_is_a_refusal_with_cause():
+    p = make_plugin("p", swiglu=[KernelSpec(name="ghost", op="swiglu", variant="standard", factory="no_such_module_xyz:f")])
+    reg = build_registry([("p", p)], include_entry_points=False, env={})
+    with pytest.raises(ResolutionError, match="its kernel failed to import \\(ModuleNotFoundError") as ei:
+        resolve(OpsConfig(swiglu_mlp_implementation="ghost"), "cpu", registry=reg, needs={"swiglu": ["standard"]})
+    assert isinstance(ei.value.__cause__, ModuleNotFoundError)
+    # load=False checks everything but the import
+    plan = resolve(OpsConfig(swiglu_mlp_implementation="ghost"), "cpu", registry=reg, needs={"swiglu": ["standard"]}, load=False)
+    with pytest.raises(RuntimeError, match="resolved without loading kernels"):
+        plan.kernel("swiglu", "standard")
+
+
+def test_backward_and_dtype_filters():
+    p = make_plugin("p", swiglu=[
+        KernelSpec(name="fwdonly", op="swiglu", variant="standard", factory="math:sqrt", supports_backward=False, priority=5),
+        KernelSpec(name="fp32only", op="swiglu", variant="standard", factory="math:sqrt", dtypes=("float32",), priority=3),
+        KernelSpec(name="base", op="swiglu", variant="standard", factory="math:sqrt"),
+    ])
+    reg = build_registry([("p", p)], include_entry_points=False, env={})
+    need = {"swiglu": ["standard"]}
+    assert resolve(OpsConfig(), "cpu", registry=reg, needs=need).get("swiglu", "standard").kernel == "fp32only"
+    assert resolve(OpsConfig(), "cpu", registry=reg, needs=need, dtype="bfloat16").get("swiglu", "standard").kernel == "base"
+    assert resolve(OpsConfig(), "cpu", registry=reg, needs=need, training=False).get("swiglu", "standard").kernel == "fwdonly"
+    with pytest.raises(ResolutionError, match="has no backward, and training needs one"):
+        resolve(OpsConfig(swiglu_mlp_implementation="fwdonly"), "cpu", registry=reg, needs=need)
+
+
+def test_alternative_variants_prefer_first():
+    p = make_plugin("p", cross_entropy=[
+        KernelSpec(name="k", op="cross_entropy", variant="logits", factory="math:sqrt"),
+        KernelSpec(name="k", op="cross_entropy", variant="fused_linear", factory="math:floor"),
+        KernelSpec(name="only_logits", op="cross_entropy", variant="logits", factory="math:sqrt"),
+    ])
+    reg = build_registry([("p", p)], include_entry_points=False, env={})
+    need = {"cross_entropy": [("fused_linear", "logits")]}
+    assert resolve(OpsConfig(cross_entropy_loss_implementation="k"), "cpu", registry=reg, needs=need).for_op("cross_entropy")[0].variant == "fused_linear"
+    assert resolve(OpsConfig(cross_entropy_loss_implementation="only_logits"), "cpu", registry=reg, needs=need).for_op("cross_entropy")[0].variant == "logits"
+
+
+def test_plan_is_frozen_and_prints(toy_registry):
+    import math
+
+    plan = resolve(OpsConfig(), "cpu", registry=toy_registry, needs={"rms_norm": ["standard", "offset"], "swiglu": ["standard"]})
+    assert plan.kernel("swiglu", "standard") is math.ceil
+    d = json.loads(plan.to_json())
+    assert [e["kernel"] for e in d["entries"]] == ["portable", "portable", "portable"]
+    assert d["device"]["type"] == "cpu"
+    table = plan.table()
+    assert "rms_norm" in table and "toy local" in table
+    with pytest.raises(AttributeError):
+        plan.entries = ()
+    with pytest.raises(KeyError, match="the plan has no kernel for attention/standard"):
+        plan.kernel("attention", "standard")
+
+
+def test_without_needs_resolves_what_names_provide(toy_registry):
+    plan = resolve(OpsConfig(rms_norm_implementation="hopper"), "cuda:9.0", registry=toy_registry, load=False)
+    assert [(e.op, e.variant) for e in plan.entries if e.op == "rms_norm"] == [("rms_norm", "standard")]
+
+
+def test_device_parsing():
+    assert str(parse_device("cuda:sm90")) == "cuda:9.0"
+    assert parse_device("rocm:9.4").capability == (9, 4)
+    assert parse_device("NPU").type == "npu"
+    with pytest.raises(DeviceError, match="unknown device 'tpu'"):
+        parse_device("tpu")
+    with pytest.raises(DeviceError, match="not a compute capability for npu"):
+        parse_device("npu:9.0")
+
+
+def test_device_env_override(monkeypatch, toy_registry):
+    monkeypatch.setenv("VEOMNI_OPS_DEVICE", "cuda:9.0")
+    plan = resolve(OpsConfig(), registry=toy_registry, needs=STD, load=False)
+    assert plan.device.overridden and plan.get("rms_norm", "standard").kernel == "hopper"
