@@ -1,0 +1,19 @@
+"""The core's plain-PyTorch kernels (heavy: these modules import torch).
+
+One module per op; every function here follows its op's kernel contract in
+:mod:`veomni_ops.hookspecs` exactly, forward and backward:
+
+* :mod:`.rms_norm` — ``rms_norm_standard``, ``rms_norm_offset``
+* :mod:`.rotary` — ``apply_rotary`` (full and partial)
+* :mod:`.swiglu` — ``silu_mul``
+* :mod:`.cross_entropy` — ``cross_entropy_sum``, ``fused_linear_cross_entropy_sum``,
+  ``chunked_fused_linear_cross_entropy_sum``
+* :mod:`.moe` — ``moe_experts_eager``, ``moe_experts_grouped_mm``, ``grouped_mm_available``
+* :mod:`.load_balancing` — ``load_balancing_loss``
+* :mod:`.attention` — ``eager_attention``, ``sdpa_attention``
+
+The ``eager`` kernels are the reference every other backend is checked against; they
+reproduce transformers' own modules. Nothing is imported here so that importing one
+kernel module does not import the others. The light spec module that registers them is
+:mod:`veomni_ops.backends.reference`.
+"""

@@ -1,0 +1,220 @@
+"""Token cross-entropy as a **sum** over counted tokens: plain, fused-linear, chunked.
+
+* :func:`cross_entropy_sum` — the ``logits`` variant (eager reference).
+* :func:`fused_linear_cross_entropy_sum` — the ``fused_linear`` eager reference: it
+  materialises ``logits = hidden @ weight.T (+ bias)`` for all N tokens, exactly what a
+  model's ``lm_head`` followed by transformers' ``ForCausalLMLoss`` computes.
+* :func:`chunked_fused_linear_cross_entropy_sum` — the portable memory-saving kernel
+  (``chunked``): a custom autograd Function that walks the tokens in chunks, computes each
+  chunk's logits in the input dtype and its log-softmax in float32, and produces the
+  gradients for ``hidden``, ``weight`` and ``bias`` during the forward, so the ``[N, V]``
+  logits never exist at once. Backward only scales the stored gradients.
+
+The losses are float32 (float64 for float64 inputs, so the reference can be gradchecked).
+The causal-LM shift and the division by the number of counted tokens (or by
+``num_items_in_batch``) belong to the core's loss wrapper; returning the sum is what makes
+that division exact.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from ._checks import check_float, check_integer, check_ndim, check_same_device, check_same_dtype
+
+_OP = "cross_entropy"
+
+#: Upper bound on one chunk's float32 logits in :func:`chunked_fused_linear_cross_entropy_sum`.
+CHUNK_LOGITS_BUDGET_BYTES = 512 * 2**20
+#: The chunked kernel splits the tokens into at least this many chunks (when N allows).
+MIN_CHUNKS = 8
+#: ...but no chunk is smaller than this many tokens (tiny matmuls waste the device).
+MIN_CHUNK_TOKENS = 32
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    # Log-softmax runs in float32 at least; float64 stays float64 so the reference is exact.
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _check_labels(labels: torch.Tensor, n: int, ignore_index: int) -> None:
+    check_integer(labels, "labels", _OP)
+    check_ndim(labels, 1, "labels", _OP, "[N] (flatten it and shift it first)")
+    if labels.shape[0] != n:
+        raise ValueError(f"{_OP}: labels has {labels.shape[0]} entries but there are {n} tokens; they must match")
+    if not isinstance(ignore_index, int) or isinstance(ignore_index, bool):
+        raise TypeError(f"{_OP}: ignore_index must be a Python int, got {ignore_index!r}")
+
+
+def cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor, *, ignore_index: int = -100) -> torch.Tensor:
+    """``sum_i CE(logits_i, labels_i)`` over ``labels_i != ignore_index``; logits upcast to float32.
+
+    ``logits [N, V]``, ``labels [N]`` (integer). All labels ignored gives 0 and zero gradients.
+    """
+    check_float(logits, "logits", _OP)
+    check_ndim(logits, 2, "logits", _OP, "[N, V] (flatten leading dimensions with .view(-1, V))")
+    _check_labels(labels, logits.shape[0], ignore_index)
+    check_same_device(_OP, logits=logits, labels=labels)
+    return F.cross_entropy(
+        logits.to(_compute_dtype(logits.dtype)), labels.long(), ignore_index=ignore_index, reduction="sum"
+    )
+
+
+def _check_linear(
+    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, bias: torch.Tensor | None, ignore_index: int
+) -> None:
+    check_float(hidden, "hidden", _OP)
+    check_float(weight, "weight", _OP)
+    check_ndim(hidden, 2, "hidden", _OP, "[N, H] (flatten leading dimensions with .view(-1, H))")
+    check_ndim(weight, 2, "weight", _OP, "[V, H] (the lm_head weight)")
+    if weight.shape[1] != hidden.shape[1]:
+        raise ValueError(
+            f"{_OP}: weight {tuple(weight.shape)} must be [V, H] with H = hidden.shape[1] = {hidden.shape[1]}"
+        )
+    if bias is not None:
+        check_float(bias, "bias", _OP)
+        if bias.dim() != 1 or bias.shape[0] != weight.shape[0]:
+            raise ValueError(f"{_OP}: bias must have shape [V] = [{weight.shape[0]}], got {tuple(bias.shape)}")
+    check_same_dtype(_OP, hidden=hidden, weight=weight, bias=bias)
+    _check_labels(labels, hidden.shape[0], ignore_index)
+    check_same_device(_OP, hidden=hidden, weight=weight, labels=labels, bias=bias)
+
+
+def fused_linear_cross_entropy_sum(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    ignore_index: int = -100,
+) -> torch.Tensor:
+    """Eager reference of the ``fused_linear`` variant: full logits, then :func:`cross_entropy_sum`."""
+    _check_linear(hidden, weight, labels, bias, ignore_index)
+    logits = F.linear(hidden, weight, bias)
+    return cross_entropy_sum(logits, labels, ignore_index=ignore_index)
+
+
+def default_chunk_size(num_tokens: int, vocab_size: int) -> int:
+    """Tokens per chunk for the chunked kernel.
+
+    At most :data:`CHUNK_LOGITS_BUDGET_BYTES` of float32 logits per chunk and at least
+    :data:`MIN_CHUNKS` chunks, so a chunk's logits stay a small fraction of what the eager
+    path holds (it keeps several ``[N, V]`` tensors alive); never below
+    :data:`MIN_CHUNK_TOKENS` tokens, rounded down to a multiple of 64 when larger (matmul
+    tiles).
+    """
+    by_budget = max(1, CHUNK_LOGITS_BUDGET_BYTES // (4 * max(1, vocab_size)))
+    by_count = math.ceil(num_tokens / MIN_CHUNKS)
+    chunk = max(MIN_CHUNK_TOKENS, min(by_budget, by_count))
+    if chunk > 64:
+        chunk = chunk // 64 * 64
+    return max(1, min(chunk, num_tokens))
+
+
+def _chunk_step(
+    h: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    y: torch.Tensor,
+    ignore_index: int,
+    want_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Loss sum of one chunk and, if asked, d(loss)/d(logits) of it in the compute dtype."""
+    compute = _compute_dtype(h.dtype)
+    z = F.linear(h, weight, bias).to(compute)  # logits in the input dtype, then upcast
+    lse = torch.logsumexp(z, dim=-1)
+    valid = y != ignore_index
+    target = torch.where(valid, y, torch.zeros_like(y)).unsqueeze(1)
+    picked = z.gather(1, target).squeeze(1)
+    loss = torch.where(valid, lse - picked, torch.zeros_like(lse)).sum()
+    if not want_grad:
+        return loss, None
+    # softmax - one_hot(target), rows of ignored tokens zeroed; in place to hold one [c, V] buffer.
+    g = z.sub_(lse.unsqueeze(1)).exp_()
+    g.scatter_add_(1, target, -valid.to(compute).unsqueeze(1))
+    g.mul_(valid.unsqueeze(1))
+    return loss, g
+
+
+class _ChunkedLinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, labels, ignore_index, chunk_size):  # type: ignore[override]
+        n = hidden.shape[0]
+        compute = _compute_dtype(hidden.dtype)
+        need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+        grad_hidden = torch.empty_like(hidden) if need_h else None
+        # Weight gradient accumulates over chunks in float32: summing bf16 partials would lose bits.
+        grad_weight = torch.zeros(weight.shape, dtype=compute, device=weight.device) if need_w else None
+        grad_bias = torch.zeros(weight.shape[0], dtype=compute, device=weight.device) if need_b else None
+        loss = torch.zeros((), dtype=compute, device=hidden.device)
+        for start in range(0, n, chunk_size):
+            end = min(start + chunk_size, n)
+            h = hidden[start:end]
+            chunk_loss, g = _chunk_step(h, weight, bias, labels[start:end], ignore_index, True)
+            loss = loss + chunk_loss
+            g_in = g.to(hidden.dtype)
+            if need_h:
+                grad_hidden[start:end] = g_in @ weight
+            if need_w:
+                grad_weight.add_(g_in.t() @ h)
+            if need_b:
+                grad_bias.add_(g.sum(0))
+            del g, g_in
+        ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
+        ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_output):  # type: ignore[override]
+        grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
+        weight_dtype, bias_dtype = ctx.dtypes
+        gh = gw = gb = None
+        if grad_hidden is not None:
+            gh = grad_hidden * grad_output.to(grad_hidden.dtype)
+        if grad_weight is not None:
+            gw = (grad_weight * grad_output).to(weight_dtype)
+        if grad_bias is not None:
+            gb = (grad_bias * grad_output).to(bias_dtype)
+        return gh, gw, gb, None, None, None
+
+
+def chunked_fused_linear_cross_entropy_sum(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    ignore_index: int = -100,
+    chunk_size: int | None = None,
+) -> torch.Tensor:
+    """Fused linear cross-entropy sum that never holds the ``[N, V]`` logits.
+
+    Same result as :func:`fused_linear_cross_entropy_sum`. ``chunk_size`` (tokens per
+    chunk) defaults to :func:`default_chunk_size`. Peak extra memory: one chunk's logits
+    (input dtype + float32), the float32 weight-gradient accumulator ``[V, H]`` and the
+    hidden gradient ``[N, H]``. The gradients are computed in the forward (which therefore
+    costs about what forward + backward cost eagerly) and kept until backward.
+    """
+    _check_linear(hidden, weight, labels, bias, ignore_index)
+    n = hidden.shape[0]
+    if chunk_size is None:
+        chunk_size = default_chunk_size(n, weight.shape[0])
+    elif not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
+        raise ValueError(f"{_OP}: chunk_size must be a positive int, got {chunk_size!r}")
+    if n == 0:
+        # No tokens: an empty sum, still connected to the graph so backward yields zeros.
+        return (hidden.sum() * 0 + weight.sum() * 0).to(_compute_dtype(hidden.dtype))
+    needs_grad = torch.is_grad_enabled() and (
+        hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    )
+    if not needs_grad:
+        loss = torch.zeros((), dtype=_compute_dtype(hidden.dtype), device=hidden.device)
+        for start in range(0, n, chunk_size):
+            end = min(start + chunk_size, n)
+            chunk_loss, _ = _chunk_step(hidden[start:end], weight, bias, labels[start:end], ignore_index, False)
+            loss = loss + chunk_loss
+        return loss
+    return _ChunkedLinearCrossEntropy.apply(hidden, weight, bias, labels, ignore_index, chunk_size)

@@ -1,0 +1,199 @@
+"""Routed experts of an MoE layer (transformers v5 layout), SiLU-gated.
+
+* :func:`moe_experts_eager` — the reference: a Python loop over the experts that are hit,
+  op for op as transformers' ``Qwen3MoeExperts.forward`` (so bitwise equal to it). It
+  synchronises with the host (``nonzero``) and has data-dependent shapes: it does not
+  compile with ``fullgraph=True``.
+* :func:`moe_experts_grouped_mm` — the portable fast kernel (``grouped_mm``): routes are
+  sorted by expert, gathered, and each projection is one ``torch._grouped_mm`` over all
+  experts (group offsets from a ``searchsorted``, int32); ``silu(gate) * up`` in between;
+  the ``K`` weighted route outputs of every token are combined by a batched ``[1, K] @
+  [K, H]`` product (float32 accumulation, one rounding, no atomics). No per-expert Python
+  loop and no device-to-host synchronisation.
+
+``torch._grouped_mm`` facts (torch 2.13, checked in ``_meta_registrations.py`` and
+``aten/src/ATen/native/cuda/GroupedBlas.cpp``): CUDA runs a CUTLASS kernel only for
+bfloat16 on compute capability 9.x/10.x; any other dtype or GPU takes a fallback that
+copies the offsets to the host (a sync) and loops over groups. The CPU implementation is
+that loop and accepts float32/bfloat16/float16 eagerly, but the meta kernel (used by
+``torch.compile``) accepts bfloat16 only. Every row stride must be a multiple of 16 bytes
+(H and I multiples of 8 in bfloat16). This kernel therefore takes bfloat16 on CUDA (it
+refuses other dtypes rather than hide a sync) and float32/bfloat16/float16 on CPU.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ._checks import check_float, check_integer, check_ndim, check_same_device, check_same_dtype
+
+_OP = "moe_experts"
+
+
+def _check(
+    hidden_states: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+) -> None:
+    check_float(hidden_states, "hidden_states", _OP)
+    check_integer(top_k_index, "top_k_index", _OP)
+    check_float(top_k_weights, "top_k_weights", _OP)
+    check_float(gate_up_proj, "gate_up_proj", _OP)
+    check_float(down_proj, "down_proj", _OP)
+    check_ndim(hidden_states, 2, "hidden_states", _OP, "[T, H] (flatten batch and sequence first)")
+    check_ndim(top_k_index, 2, "top_k_index", _OP, "[T, K]")
+    check_ndim(top_k_weights, 2, "top_k_weights", _OP, "[T, K]")
+    check_ndim(gate_up_proj, 3, "gate_up_proj", _OP, "[E, 2I, H]")
+    check_ndim(down_proj, 3, "down_proj", _OP, "[E, H, I]")
+    check_same_device(
+        _OP,
+        hidden_states=hidden_states,
+        top_k_index=top_k_index,
+        top_k_weights=top_k_weights,
+        gate_up_proj=gate_up_proj,
+        down_proj=down_proj,
+    )
+    check_same_dtype(_OP, hidden_states=hidden_states, gate_up_proj=gate_up_proj, down_proj=down_proj)
+    t, h = hidden_states.shape
+    if top_k_index.shape != top_k_weights.shape or top_k_index.shape[0] != t:
+        raise ValueError(
+            f"{_OP}: top_k_index {tuple(top_k_index.shape)} and top_k_weights {tuple(top_k_weights.shape)} "
+            f"must both be [T, K] with T = {t} tokens"
+        )
+    e, two_i, h_in = gate_up_proj.shape
+    if h_in != h or two_i % 2:
+        raise ValueError(
+            f"{_OP}: gate_up_proj {tuple(gate_up_proj.shape)} must be [E, 2I, H] with H = {h} "
+            "(transformers v5 layout: gate rows first, then up rows)"
+        )
+    if tuple(down_proj.shape) != (e, h, two_i // 2):
+        raise ValueError(
+            f"{_OP}: down_proj {tuple(down_proj.shape)} must be [E, H, I] = [{e}, {h}, {two_i // 2}] "
+            f"to match gate_up_proj {tuple(gate_up_proj.shape)}"
+        )
+
+
+def moe_experts_eager(
+    hidden_states: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+) -> torch.Tensor:
+    """Per-expert loop, exactly transformers' ``Qwen3MoeExperts.forward`` with SiLU."""
+    _check(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj)
+    num_experts = gate_up_proj.shape[0]
+    final_hidden_states = torch.zeros_like(hidden_states)
+    with torch.no_grad():
+        expert_mask = F.one_hot(top_k_index.long(), num_classes=num_experts).permute(2, 1, 0)  # [E, K, T]
+        expert_hit = torch.greater(expert_mask.sum(dim=(-1, -2)), 0).nonzero()
+    for expert_idx in expert_hit:
+        expert_idx = expert_idx[0]
+        top_k_pos, token_idx = torch.where(expert_mask[expert_idx])
+        current_state = hidden_states[token_idx]
+        gate, up = F.linear(current_state, gate_up_proj[expert_idx]).chunk(2, dim=-1)
+        current_hidden_states = F.silu(gate) * up
+        current_hidden_states = F.linear(current_hidden_states, down_proj[expert_idx])
+        current_hidden_states = current_hidden_states * top_k_weights[token_idx, top_k_pos, None]
+        final_hidden_states.index_add_(0, token_idx, current_hidden_states.to(final_hidden_states.dtype))
+    return final_hidden_states
+
+
+def grouped_mm_available(device: torch.device | str | None = None) -> bool:
+    """Whether :func:`moe_experts_grouped_mm` can run on ``device`` without a hidden host sync.
+
+    ``None`` asks only whether this torch has ``torch._grouped_mm``. For a CUDA device it
+    also needs the CUTLASS path: NVIDIA compute capability 9.x or 10.x (not ROCm).
+    """
+    if not hasattr(torch, "_grouped_mm"):
+        return False
+    if device is None:
+        return True
+    device = torch.device(device)
+    if device.type == "cpu":
+        return True
+    if device.type == "cuda":
+        if torch.version.hip is not None or not torch.cuda.is_available():
+            return False
+        return torch.cuda.get_device_capability(device)[0] in (9, 10)
+    return False
+
+
+def _check_grouped(hidden_states: torch.Tensor, gate_up_proj: torch.Tensor) -> None:
+    if not hasattr(torch, "_grouped_mm"):
+        raise RuntimeError(
+            f"{_OP} 'grouped_mm': this torch ({torch.__version__}) has no torch._grouped_mm; "
+            "upgrade torch (>= 2.8) or set moe_implementation: eager"
+        )
+    dtype, device = hidden_states.dtype, hidden_states.device
+    if device.type == "cuda":
+        if dtype != torch.bfloat16:
+            raise TypeError(
+                f"{_OP} 'grouped_mm': on CUDA torch._grouped_mm is only fast for bfloat16 (got {dtype}; other "
+                "dtypes take a host-synchronising loop); train in bfloat16 or set moe_implementation: eager"
+            )
+        if not grouped_mm_available(device):
+            raise RuntimeError(
+                f"{_OP} 'grouped_mm': {torch.cuda.get_device_name(device)} is not compute capability 9.x/10.x, where "
+                "torch._grouped_mm falls back to a host-synchronising loop; set moe_implementation: eager "
+                "(or a backend built for this GPU)"
+            )
+    elif device.type != "cpu":
+        raise RuntimeError(f"{_OP} 'grouped_mm': not available on {device.type}; set moe_implementation: eager")
+    elif dtype == torch.float64:
+        raise TypeError(f"{_OP} 'grouped_mm': torch._grouped_mm has no float64; use moe_implementation: eager")
+    h = hidden_states.shape[1]
+    i = gate_up_proj.shape[1] // 2
+    align = 16 // hidden_states.element_size()
+    if h % align or i % align:
+        raise ValueError(
+            f"{_OP} 'grouped_mm': torch._grouped_mm needs rows of a multiple of 16 bytes: hidden size {h} and "
+            f"expert intermediate size {i} must be multiples of {align} in {dtype}; use moe_implementation: eager"
+        )
+
+
+def moe_experts_grouped_mm(
+    hidden_states: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+) -> torch.Tensor:
+    """Sort routes by expert, two grouped GEMMs, weighted combine; no loop, no host sync.
+
+    Routes whose index is outside ``[0, E)`` (transformers' expert-parallel sentinel is
+    ``E``) contribute nothing. Output in ``hidden_states.dtype``.
+    """
+    _check(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj)
+    _check_grouped(hidden_states, gate_up_proj)
+    t, h = hidden_states.shape
+    k = top_k_index.shape[1]
+    num_experts = gate_up_proj.shape[0]
+    dtype = hidden_states.dtype
+
+    flat_index = top_k_index.reshape(-1).long()
+    in_range = (flat_index >= 0) & (flat_index < num_experts)
+    # Out-of-range routes sort after every real expert, past the last group offset.
+    key = torch.where(in_range, flat_index, torch.full_like(flat_index, num_experts))
+    sorted_key, order = torch.sort(key, stable=True)
+    # offs[e] = end of expert e's rows = number of routes to experts <= e.
+    experts = torch.arange(num_experts, device=flat_index.device, dtype=sorted_key.dtype)
+    offs = torch.searchsorted(sorted_key, experts, right=True, out_int32=True)
+
+    token = order // k
+    x = hidden_states[token]  # [T*K, H], grouped by expert
+    gate_up = torch._grouped_mm(x, gate_up_proj.contiguous().transpose(1, 2), offs=offs)  # [T*K, 2I]
+    gate, up = gate_up.chunk(2, dim=-1)
+    act = F.silu(gate) * up
+    y = torch._grouped_mm(act, down_proj.contiguous().transpose(1, 2), offs=offs)  # [T*K, H]
+    # Rows past the last offset are never written by the GEMM (uninitialised memory): zero them.
+    y = torch.where((sorted_key < num_experts).unsqueeze(1), y, torch.zeros((), dtype=y.dtype, device=y.device))
+    # Back to token-major route order (order is a permutation, so this is a plain scatter).
+    y = torch.empty_like(y).index_copy(0, order, y).view(t, k, h)
+    weights = torch.where(in_range.view(t, k), top_k_weights, torch.zeros_like(top_k_weights)).to(dtype)
+    # out_t = sum_k w_tk * y_tk as a [1, K] @ [K, H] product per token: float32 accumulation
+    # inside the matmul, one rounding, deterministic (no atomics).
+    return torch.bmm(weights.unsqueeze(1), y).squeeze(1)
