@@ -1,0 +1,400 @@
+"""Bind a :class:`KernelPlan` into one transformers model instance.
+
+Everything is per instance: a module's ``forward`` is replaced by an instance attribute
+that calls the plan's kernel directly (no lookup per call), and the few model functions
+that call module-level helpers (``apply_rotary_pos_emb``, the attention interface table,
+``load_balancing_loss_func``) run as per-instance copies whose globals name the plan's
+kernels. Nothing module-level is mutated, so two models in one process can carry
+different plans, and ``torch.compile(fullgraph=True)`` traces straight through.
+
+What each module needs is read from the model: the RMSNorm variant by probing the
+module (``w * x̂`` vs ``x̂ * (1 + w)``), the rotary variant from the rotary dimension the
+model's rotary embedding produces vs the attention head dimension.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from .config import AUTO, OP_TO_FIELD, OpsConfig
+from .device import DeviceInfo, current_device
+from .losses import causal_lm_loss_from_logits, causal_lm_loss_fused
+from .plan import KernelPlan
+from .resolve import resolve
+
+
+class BindingError(ValueError):
+    """The plan and the model do not fit together."""
+
+
+@dataclass
+class Place:
+    """One spot in the model where an op's kernel goes."""
+
+    op: str
+    variant: str | tuple[str, ...]
+    path: str
+    module: nn.Module
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Binding:
+    """What ``apply`` did: the plan, and per module path the op, variant and kernel bound."""
+
+    plan: KernelPlan
+    bound: tuple[tuple[str, str, str, str], ...]
+
+    def summary(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for _, op, _, _ in self.bound:
+            out[op] = out.get(op, 0) + 1
+        return out
+
+
+# ----------------------------------------------------------------------------------------
+# Survey: where does each op live in this model?
+# ----------------------------------------------------------------------------------------
+
+
+def _forward_fn(module: nn.Module):
+    return type(module).forward
+
+
+def _code_names(fn) -> set[str]:
+    return set(inspect.unwrap(fn).__code__.co_names)
+
+
+def _globals(fn) -> dict[str, Any]:
+    return inspect.unwrap(fn).__globals__
+
+
+def _probe_rms_variant(m: nn.Module, eps: float) -> str | None:
+    w = m.weight
+    h = w.shape[0]
+    with torch.no_grad():
+        x = torch.randn(3, h, dtype=torch.float32, device=w.device, generator=torch.Generator(w.device).manual_seed(0))
+        try:
+            out = m(x.to(w.dtype)).float()
+        except Exception:
+            return None
+        xf = x.to(w.dtype).float()
+        xhat = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        wf = w.float()
+        tol = dict(rtol=2e-2, atol=2e-2) if w.dtype in (torch.bfloat16, torch.float16) else dict(rtol=1e-4, atol=1e-5)
+        if torch.allclose(out, xhat * wf, **tol):
+            return "standard"
+        if torch.allclose(out, xhat * (1.0 + wf), **tol):
+            return "offset"
+    return None
+
+
+def _is_silu(act: Any) -> bool:
+    return isinstance(act, nn.SiLU) or type(act).__name__ in ("SiLU", "SiLUActivation")
+
+
+def _rotary_dim(model: nn.Module) -> int | None:
+    for name, m in model.named_modules():
+        if name.endswith("rotary_emb") and hasattr(m, "inv_freq"):
+            return int(m.inv_freq.shape[-1]) * 2
+    return None
+
+
+def _rotary_matches_contract(fn: Callable, head_dim: int, rot_dim: int) -> bool:
+    """Is the model's ``apply_rotary_pos_emb`` the ``rotate_half`` form our contract has?"""
+    from .kernels.rotary import apply_rotary
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, 3, head_dim, generator=g, dtype=torch.float64)
+    k = torch.randn(1, 1, 3, head_dim, generator=g, dtype=torch.float64)
+    ang = torch.randn(1, 3, rot_dim // 2, generator=g, dtype=torch.float64)
+    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
+    try:
+        got = fn(q, k, cos, sin)
+        want = apply_rotary(q, k, cos, sin)
+    except Exception:
+        return False
+    return all(torch.allclose(a, b) for a, b in zip(got, want))
+
+
+def survey(model: nn.Module) -> list[Place]:
+    """Every place in ``model`` where an op's kernel can be bound, with the variant it needs."""
+    places: list[Place] = []
+    rot_dim = _rotary_dim(model)
+    for path, m in model.named_modules():
+        cls = type(m).__name__
+        # RMSNorm: a one-input module with a [H] weight whose output is w*x̂ or x̂*(1+w).
+        if cls.endswith("RMSNorm") and isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 1:
+            eps = getattr(m, "variance_epsilon", getattr(m, "eps", None))
+            if eps is not None:
+                variant = _probe_rms_variant(m, float(eps))
+                if variant is None:
+                    raise BindingError(
+                        f"{path} ({cls}) looks like an RMSNorm but computes neither w*x̂ nor x̂*(1+w); "
+                        "veomni-ops cannot bind a kernel to it. Set rms_norm_implementation: eager."
+                    )
+                places.append(Place("rms_norm", variant, path, m, {"eps": float(eps)}))
+        # SwiGLU MLP: gate/up/down linear projections around SiLU.
+        elif all(isinstance(getattr(m, p, None), nn.Linear) for p in ("gate_proj", "up_proj", "down_proj")):
+            if _is_silu(getattr(m, "act_fn", None)):
+                places.append(Place("swiglu", "standard", path, m))
+        # Routed experts, transformers v5 layout.
+        elif isinstance(getattr(m, "gate_up_proj", None), nn.Parameter) and m.gate_up_proj.dim() == 3:
+            gu, dn = m.gate_up_proj, getattr(m, "down_proj", None)
+            ok = (
+                isinstance(dn, nn.Parameter) and dn.dim() == 3 and gu.shape[0] == dn.shape[0]
+                and gu.shape[1] == 2 * dn.shape[2] and gu.shape[2] == dn.shape[1]
+                and not getattr(m, "has_bias", False) and not getattr(m, "is_transposed", False)
+                and _is_silu(getattr(m, "act_fn", None))
+            )
+            if ok:
+                places.append(Place("moe_experts", "standard", path, m))
+        # Attention modules that dispatch through the attention interface / apply_rotary_pos_emb.
+        if cls.endswith("Attention") and hasattr(m, "forward"):
+            names = _code_names(_forward_fn(m))
+            if "ALL_ATTENTION_FUNCTIONS" in names:
+                places.append(Place("attention", "standard", path, m))
+            if "apply_rotary_pos_emb" in names and rot_dim:
+                glob = _globals(_forward_fn(m))
+                fn = glob.get("apply_rotary_pos_emb")
+                head_dim = int(getattr(m, "qk_rope_head_dim", 0) or getattr(m, "head_dim", 0))
+                if fn is not None and head_dim and _rotary_matches_contract(fn, max(head_dim, rot_dim), rot_dim):
+                    variant = "partial" if rot_dim < head_dim else "full"
+                    places.append(Place("rotary", variant, path, m, {"rot_dim": rot_dim}))
+    # The causal-LM head: hidden states + lm_head weight are available here.
+    lm_head = getattr(model, "lm_head", None)
+    inner = getattr(model, "model", None)
+    if isinstance(lm_head, nn.Linear) and isinstance(inner, nn.Module):
+        places.append(Place("cross_entropy", ("fused_linear", "logits"), "", model))
+        glob = _globals(_forward_fn(model))
+        if "load_balancing_loss_func" in _code_names(_forward_fn(model)) and "load_balancing_loss_func" in glob:
+            places.append(Place("load_balancing_loss", "standard", "", model))
+    return places
+
+
+# ----------------------------------------------------------------------------------------
+# Apply
+# ----------------------------------------------------------------------------------------
+
+
+def _model_dtype(model: nn.Module) -> str | None:
+    for p in model.parameters():
+        if p.is_floating_point():
+            return str(p.dtype).removeprefix("torch.")
+    return None
+
+
+def _needs(places: list[Place]) -> dict[str, list]:
+    needs: dict[str, list] = {}
+    for p in places:
+        lst = needs.setdefault(p.op, [])
+        if p.variant not in lst:
+            lst.append(p.variant)
+    return needs
+
+
+def apply(
+    model: nn.Module,
+    config_or_plan: KernelPlan | OpsConfig | Mapping[str, Any] | str | None = None,
+    *,
+    device: DeviceInfo | str | None = None,
+    registry=None,
+    training: bool = True,
+) -> Binding:
+    """Resolve (if given a config) and bind kernels into ``model``. Returns a :class:`Binding`.
+
+    An explicit non-eager kernel for an op the model has no place for raises
+    :class:`BindingError`; with ``auto`` such ops are simply not bound.
+    """
+    places = survey(model)
+    have_ops = {p.op for p in places}
+    if isinstance(config_or_plan, KernelPlan):
+        plan = config_or_plan
+        cfg = plan.config
+    else:
+        cfg = config_or_plan if isinstance(config_or_plan, OpsConfig) else None
+        if cfg is None:
+            from .resolve import _as_config
+
+            cfg = _as_config(config_or_plan)
+    unplaced = [
+        f"{OP_TO_FIELD[op]}={cfg.for_op(op)!r}"
+        for op in OP_TO_FIELD
+        if cfg.for_op(op) not in (AUTO, "eager") and op not in have_ops
+    ]
+    if unplaced:
+        raise BindingError(
+            f"{type(model).__name__} has no place for: {', '.join(unplaced)}. The model has no module for that op "
+            "(or not in a form veomni-ops can bind); set the field to 'auto' or 'eager'."
+        )
+    if not isinstance(config_or_plan, KernelPlan):
+        plan = resolve(cfg, current_device(device), needs=_needs(places), registry=registry,
+                       dtype=_model_dtype(model), training=training)
+    bound = _bind(model, plan, places)
+    model.veomni_ops_binding = bound  # per instance, for inspection
+    return bound
+
+
+def _pick(plan: KernelPlan, op: str, variant) -> tuple[str, Callable]:
+    alts = (variant,) if isinstance(variant, str) else variant
+    for v in alts:
+        e = plan.get(op, v)
+        if e is not None:
+            return v, plan.kernel(op, v)
+    raise BindingError(
+        f"the plan has no kernel for {op}/{' or '.join(alts)}, which the model needs; resolve the plan with "
+        f"this model's needs (veomni_ops.apply(model, config) does that)"
+    )
+
+
+def _copy_with_globals(fn, overrides: Mapping[str, Any]):
+    """A copy of ``fn`` whose module globals are overridden: per-instance, nothing shared."""
+    inner = inspect.unwrap(fn)
+    if inner is not fn:
+        raise BindingError(f"{fn.__qualname__} is wrapped by a decorator; veomni-ops cannot rebind its globals")
+    g = dict(fn.__globals__)
+    g.update(overrides)
+    new = types.FunctionType(fn.__code__, g, fn.__name__, fn.__defaults__, fn.__closure__)
+    new.__kwdefaults__ = fn.__kwdefaults__
+    new.__qualname__ = fn.__qualname__
+    new.__doc__ = fn.__doc__
+    return new
+
+
+class _FixedAttention:
+    """Stands in for transformers' attention table inside one model: always our kernel."""
+
+    def __init__(self, kernel: Callable):
+        self.kernel = kernel
+
+    def get_interface(self, name, default=None):
+        return self.kernel
+
+    def __getitem__(self, name):
+        return self.kernel
+
+    def get(self, name, default=None):
+        return self.kernel
+
+
+def _mask_name(entry_kernel: str, kernel: Callable) -> str:
+    """Which transformers mask builder feeds this kernel (set as config._attn_implementation)."""
+    kind = getattr(kernel, "veomni_mask", None)
+    if kind:
+        return kind
+    return "eager" if entry_kernel == "eager" else "sdpa"
+
+
+def _bind(model: nn.Module, plan: KernelPlan, places: list[Place]) -> Binding:
+    bound: list[tuple[str, str, str, str]] = []
+    attn_overrides: dict[int, dict[str, Any]] = {}
+    attn_modules: dict[int, Place] = {}
+    head_overrides: dict[str, Any] = {}
+    for p in places:
+        variant, kernel = _pick(plan, p.op, p.variant)
+        name = plan.get(p.op, variant).kernel
+        m = p.module
+        if p.op == "rms_norm":
+            m.forward = types.MethodType(_norm_forward(kernel, p.info["eps"]), m)
+        elif p.op == "swiglu":
+            m.forward = types.MethodType(_mlp_forward(kernel), m)
+        elif p.op == "moe_experts":
+            m.forward = types.MethodType(_experts_forward(kernel), m)
+        elif p.op == "rotary":
+            attn_overrides.setdefault(id(m), {})["apply_rotary_pos_emb"] = kernel
+            attn_modules[id(m)] = p
+        elif p.op == "attention":
+            attn_overrides.setdefault(id(m), {})["ALL_ATTENTION_FUNCTIONS"] = _FixedAttention(kernel)
+            attn_modules[id(m)] = p
+            cfg = getattr(model, "config", None)
+            sub = getattr(m, "config", None)
+            for c in {id(x): x for x in (cfg, sub) if x is not None}.values():
+                c._attn_implementation = _mask_name(name, kernel)
+        elif p.op == "cross_entropy":
+            head_overrides["ce"] = (variant, kernel)
+        elif p.op == "load_balancing_loss":
+            head_overrides["lbl"] = kernel
+        bound.append((p.path, p.op, variant, name))
+    for key, overrides in attn_overrides.items():
+        m = attn_modules[key].module
+        m.forward = types.MethodType(_copy_with_globals(_forward_fn(m), overrides), m)
+    if "ce" in head_overrides:
+        model.forward = types.MethodType(_causal_lm_forward(head_overrides["ce"], head_overrides.get("lbl")), model)
+    return Binding(plan, tuple(bound))
+
+
+def _norm_forward(kernel: Callable, eps: float):
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return kernel(hidden_states, self.weight, eps)
+
+    return forward
+
+
+def _mlp_forward(kernel: Callable):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(kernel(self.gate_proj(x), self.up_proj(x)))
+
+    return forward
+
+
+def _experts_forward(kernel: Callable):
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        return kernel(hidden_states, top_k_index, top_k_weights, self.gate_up_proj, self.down_proj)
+
+    return forward
+
+
+def _causal_lm_forward(ce: tuple[str, Callable], lbl: Callable | None):
+    """The causal-LM head: the base model, then the loss through the plan's kernels.
+
+    With a ``fused_linear`` kernel and labels, the logits are never materialised (the
+    returned ``logits`` is None). The auxiliary MoE loss follows transformers: computed
+    when router logits are requested, added to the loss times ``router_aux_loss_coef``.
+    """
+    from transformers.modeling_outputs import CausalLMOutputWithPast, MoeCausalLMOutputWithPast
+
+    variant, ce_kernel = ce
+
+    def forward(self, input_ids=None, attention_mask=None, labels=None, logits_to_keep=0,
+                output_router_logits=None, **kwargs):
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        ignore_index = kwargs.pop("ignore_index", -100)
+        shift_labels = kwargs.pop("shift_labels", None)
+        if lbl is not None:
+            if output_router_logits is None:
+                output_router_logits = getattr(self.config, "output_router_logits", False)
+            kwargs["output_router_logits"] = output_router_logits
+        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        hidden = outputs.last_hidden_state
+        loss = logits = None
+        want_loss = labels is not None or shift_labels is not None
+        if want_loss and variant == "fused_linear":
+            loss = causal_lm_loss_fused(ce_kernel, hidden, self.lm_head.weight, labels, bias=self.lm_head.bias,
+                                        ignore_index=ignore_index, num_items_in_batch=num_items_in_batch,
+                                        shift_labels=shift_labels)
+        else:
+            sl = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+            logits = self.lm_head(hidden[:, sl, :])
+            if want_loss:
+                loss = causal_lm_loss_from_logits(ce_kernel, logits, labels, ignore_index=ignore_index,
+                                                  num_items_in_batch=num_items_in_batch, shift_labels=shift_labels)
+        if lbl is None:
+            return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values,
+                                          hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+        aux_loss = None
+        if output_router_logits:
+            aux_loss = lbl(outputs.router_logits, self.num_experts, self.num_experts_per_tok, attention_mask)
+            if loss is not None:
+                loss = loss + self.router_aux_loss_coef * aux_loss.to(loss.device)
+        return MoeCausalLMOutputWithPast(loss=loss, aux_loss=aux_loss, logits=logits,
+                                         past_key_values=outputs.past_key_values, hidden_states=outputs.hidden_states,
+                                         attentions=outputs.attentions, router_logits=outputs.router_logits)
+
+    return forward

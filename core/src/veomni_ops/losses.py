@@ -1,0 +1,63 @@
+"""Causal-LM loss semantics around a token-level cross-entropy kernel.
+
+The kernel returns a float32 **sum** over counted tokens (see the ``cross_entropy`` hook
+contract); this module does what transformers' ``ForCausalLMLoss`` does around it: the
+label shift, then the division by the number of counted tokens, or by
+``num_items_in_batch`` under gradient accumulation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+
+def shifted_labels(labels: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+    """``labels[..., 1:]`` padded with ``ignore_index``: tokens < n predict n."""
+    return F.pad(labels, (0, 1), value=ignore_index)[..., 1:].contiguous()
+
+
+def _normalise(total: torch.Tensor, shift: torch.Tensor, ignore_index: int, num_items_in_batch) -> torch.Tensor:
+    if num_items_in_batch is not None:
+        if torch.is_tensor(num_items_in_batch):
+            num_items_in_batch = num_items_in_batch.to(total.device)
+        return total / num_items_in_batch
+    # Same as F.cross_entropy(reduction="mean"): 0/0 = nan when every label is ignored.
+    return total / (shift != ignore_index).sum()
+
+
+def causal_lm_loss_from_logits(
+    kernel: Callable[..., torch.Tensor],
+    logits: torch.Tensor,
+    labels: torch.Tensor | None,
+    *,
+    ignore_index: int = -100,
+    num_items_in_batch: torch.Tensor | int | None = None,
+    shift_labels: torch.Tensor | None = None,
+) -> torch.Tensor:
+    if shift_labels is None:
+        shift_labels = shifted_labels(labels, ignore_index)
+    shift = shift_labels.reshape(-1).to(logits.device)
+    total = kernel(logits.reshape(-1, logits.shape[-1]), shift, ignore_index=ignore_index)
+    return _normalise(total, shift, ignore_index, num_items_in_batch)
+
+
+def causal_lm_loss_fused(
+    kernel: Callable[..., torch.Tensor],
+    hidden_states: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor | None,
+    *,
+    bias: torch.Tensor | None = None,
+    ignore_index: int = -100,
+    num_items_in_batch: torch.Tensor | int | None = None,
+    shift_labels: torch.Tensor | None = None,
+) -> torch.Tensor:
+    if shift_labels is None:
+        shift_labels = shifted_labels(labels, ignore_index)
+    shift = shift_labels.reshape(-1).to(hidden_states.device)
+    total = kernel(hidden_states.reshape(-1, hidden_states.shape[-1]), weight, shift, bias=bias,
+                   ignore_index=ignore_index)
+    return _normalise(total, shift, ignore_index, num_items_in_batch)
