@@ -1,0 +1,130 @@
+"""Shared helpers of the Triton kernels: device checks, launch heuristics, input validation."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+
+_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def interpreter_active() -> bool:
+    """True when Triton kernels run in the CPU interpreter (``TRITON_INTERPRET=1``).
+
+    ``triton.jit`` decides interpreter vs. compiled mode when a kernel is *decorated*, i.e. when
+    our kernel modules are imported, so what counts is the mode our kernels were built in, not
+    the environment variable now. We read Triton's own knob where it exists (Triton >= 3.4
+    parses the same truthy spellings it uses itself) and the variable otherwise.
+    """
+    return _INTERPRET_AT_IMPORT
+
+
+def _read_interpret_flag() -> bool:
+    knobs = getattr(triton, "knobs", None)
+    runtime = getattr(knobs, "runtime", None)
+    if runtime is not None and hasattr(runtime, "interpret"):
+        return bool(runtime.interpret)
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+# Evaluated once, when the kernel modules (which import this one first) are imported and
+# their @triton.jit decorators run.
+_INTERPRET_AT_IMPORT = _read_interpret_flag()
+
+
+def check_device(op: str, *tensors: torch.Tensor) -> torch.device:
+    """All tensors on one device, and a device these kernels can run on; returns it."""
+    dev = tensors[0].device
+    for t in tensors[1:]:
+        if t.device != dev:
+            raise ValueError(
+                f"veomni_triton {op}: all tensors must be on one device, got {dev} and {t.device}; "
+                "move them to the same device"
+            )
+    if dev.type == "cuda":
+        if interpreter_active():
+            # The interpreter would copy every CUDA tensor to the host and back: correct but
+            # orders of magnitude slower. That is never what a training run wants.
+            raise RuntimeError(
+                f"veomni_triton {op}: got CUDA tensors but Triton's interpreter is on (TRITON_INTERPRET was "
+                "set when veomni_triton.kernels was imported); unset TRITON_INTERPRET to run the compiled kernels"
+            )
+        return dev
+    if dev.type == "cpu":
+        if not interpreter_active():
+            raise RuntimeError(
+                f"veomni_triton {op}: got CPU tensors, but these are Triton GPU kernels (CUDA, sm80+). Move the "
+                "tensors to a CUDA device, or, to test on a CPU, set TRITON_INTERPRET=1 before importing "
+                "veomni_triton.kernels (Triton fixes the mode when the kernels are defined)"
+            )
+        return dev
+    raise RuntimeError(
+        f"veomni_triton {op}: device {dev} is not supported; these Triton kernels run on CUDA (sm80+) "
+        "(or on the CPU under TRITON_INTERPRET=1 for testing)"
+    )
+
+
+def check_float(op: str, name: str, t: torch.Tensor) -> None:
+    if t.dtype not in _FLOAT_DTYPES:
+        raise TypeError(
+            f"veomni_triton {op}: {name} has dtype {t.dtype}; supported: float32, bfloat16, float16 "
+            f"(cast it, e.g. {name}.to(torch.bfloat16))"
+        )
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device`` (cached: no driver call per launch, no sync).
+
+    Under the interpreter (CPU) a small stand-in keeps the number of programs low.
+    """
+    if device.type != "cuda":
+        return 4
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _sm_count(index)
+
+
+def next_pow2(n: int) -> int:
+    return triton.next_power_of_2(max(int(n), 1))
+
+
+def as_rows(x: torch.Tensor, n: int) -> torch.Tensor:
+    """``x`` as a 2-D ``[rows, n]`` tensor whose last dimension has stride 1.
+
+    A view when the leading dimensions collapse into one stride (any contiguous tensor,
+    row slices, ``[..., :n]`` of a wider buffer); a copy otherwise, and then only one,
+    explicit ``.contiguous()``.
+    """
+    x2 = x.reshape(-1, n)  # a view whenever the strides allow it
+    if x2.stride(-1) != 1 and n > 1:
+        x2 = x2.contiguous()
+    return x2
+
+
+class _NullContext:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> bool:
+        return False
+
+
+_NULL = _NullContext()
+
+
+def launch_device(t: torch.Tensor):
+    """Context that makes ``t``'s CUDA device current for a Triton launch.
+
+    Triton launches on the *current* device; entering ``torch.cuda.device`` costs a few
+    microseconds, so it is done only when the tensor is elsewhere.
+    """
+    if t.device.type == "cuda" and t.device.index is not None and t.device.index != torch.cuda.current_device():
+        return torch.cuda.device(t.device)
+    return _NULL

@@ -1,0 +1,311 @@
+"""RMSNorm in Triton: forward, backward, and a batch-invariant mode.
+
+Kernel contract (``veomni_ops.hookspecs.OpHookspecs.rms_norm``)::
+
+    kernel(hidden_states: Tensor[..., H], weight: Tensor[H], eps: float) -> Tensor[..., H]
+
+* standard: ``x̂ = x * rsqrt(mean(x², -1) + eps)`` in fp32, cast to the input dtype, then
+  ``weight * x̂`` (one more rounding to the input dtype).
+* offset: ``x̂ * (1 + weight)`` in fp32, one cast at the end.
+
+Design (memory bound: the goal is one read of x and one write of y):
+
+* Forward: a program owns a ``[ROWS, BLOCK_N]`` tile (``BLOCK_N = next_pow2(H)``), the whole
+  row lives in registers, one pass. ``ROWS > 1`` only for narrow rows (q/k norms, H=128),
+  so that a program still moves a few KiB. The fp32 ``rstd`` of every row is stored (4 bytes
+  a row) so that backward need not recompute the reduction.
+* Backward, two launches and no atomics: (1) ``G ≈ 2-4 x #SMs`` programs each walk a
+  contiguous strip of rows, write ``dx`` and keep a private fp32 partial sum of ``dw``; the
+  next row is loaded before the current one is reduced, so two rows per program are in
+  flight. (2) a small kernel sums the ``G`` partials column by column in a fixed order. The
+  result is deterministic run to run.
+* Batch-invariant mode (kernel name ``triton_batch_invariant``): the launch configuration
+  (``ROWS``, ``num_warps``) is a function of H alone, never of the number of rows, so the
+  reduction tree, hence the bits, of a row do not depend on how many rows come with it.
+  The ``triton`` mode may lower ``ROWS`` for small batches to fill the GPU.
+
+Non-contiguous input: any tensor whose last dimension has stride 1 and whose leading
+dimensions collapse to one stride is read in place (row stride passed to the kernel);
+anything else is copied once with an explicit ``.contiguous()`` (see ``_common.as_rows``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import as_rows, check_device, check_float, launch_device, next_pow2, num_sms
+
+# Widest row held in registers: 64 Ki fp32 over 1024 threads is 64 values a thread.
+MAX_HIDDEN = 65536
+
+
+# M is never specialised: one binary for every batch size (batch invariance, fewer compiles)
+@triton.jit(do_not_specialize=["M"])
+def _rms_norm_fwd_kernel(
+    X, W, Y, RSTD,
+    M, N, stride_x, stride_y, eps,
+    OFFSET: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    rows = pid * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    rmask = rows < M
+    cmask = cols < N
+    mask = rmask[:, None] & cmask[None, :]
+    rows64 = rows.to(tl.int64)
+    x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / N + eps)
+    xhat = x * rstd[:, None]
+    if OFFSET:
+        y = xhat * (1.0 + w[None, :])
+    else:
+        # the contract rounds x̂ to the input dtype before the weight multiply
+        y = xhat.to(Y.dtype.element_ty).to(tl.float32) * w[None, :]
+    tl.store(Y + rows64[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    tl.store(RSTD + rows, rstd, mask=rmask)
+
+
+@triton.jit(do_not_specialize=["M", "blocks_per_prog"])
+def _rms_norm_bwd_kernel(
+    DY, X, W, RSTD, DX, DWP,
+    M, N, stride_dy, stride_x, stride_dx, blocks_per_prog,
+    OFFSET: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
+    if OFFSET:
+        w = w + 1.0
+    acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+    n_blocks = tl.cdiv(M, ROWS)
+    first = pid * blocks_per_prog
+    last = tl.minimum(first + blocks_per_prog, n_blocks)
+    # rows of this program's strip: [first*ROWS, row_end); one bound covers both the batch
+    # end and the strip end (and keeps the masks plain tensor comparisons)
+    row_end = tl.minimum(last * ROWS, M)
+
+    # software pipelining by hand: block i+1 is requested before block i is reduced
+    rows = first * ROWS + tl.arange(0, ROWS)
+    rmask = rows < row_end
+    mask = rmask[:, None] & cmask[None, :]
+    rows64 = rows.to(tl.int64)
+    x_nxt = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+    dy_nxt = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
+    r_nxt = tl.load(RSTD + rows, mask=rmask, other=0.0)
+    for blk in range(first, last):
+        x = x_nxt.to(tl.float32)
+        dy = dy_nxt.to(tl.float32)
+        rstd = r_nxt
+        cur_rows64 = rows64
+        cur_mask = mask
+
+        rows = (blk + 1) * ROWS + tl.arange(0, ROWS)
+        rmask = rows < row_end
+        mask = rmask[:, None] & cmask[None, :]
+        rows64 = rows.to(tl.int64)
+        x_nxt = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+        dy_nxt = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
+        r_nxt = tl.load(RSTD + rows, mask=rmask, other=0.0)
+
+        xhat = x * rstd[:, None]
+        g = dy * w[None, :]
+        if OFFSET:
+            acc += dy * xhat
+        else:
+            # y = w * cast(x̂): dw sees the rounded x̂, exactly as autograd of the eager form
+            acc += dy * xhat.to(DX.dtype.element_ty).to(tl.float32)
+        c = tl.sum(g * xhat, axis=1) / N
+        dx = (g - xhat * c[:, None]) * rstd[:, None]
+        tl.store(DX + cur_rows64[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=cur_mask)
+    tl.store(DWP + pid * N + cols, tl.sum(acc, axis=0), mask=cmask)
+
+
+@triton.jit
+def _column_sum_kernel(P, OUT, G, N, BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr):
+    """OUT[c] = sum_g P[g, c] in a fixed order (deterministic second stage of dw)."""
+    pid = tl.program_id(0)
+    cols = pid * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = cols < N
+    acc = tl.zeros([BLOCK_G, BLOCK_C], dtype=tl.float32)
+    for g0 in range(0, G, BLOCK_G):
+        gs = g0 + tl.arange(0, BLOCK_G)
+        m = (gs < G)[:, None] & cmask[None, :]
+        acc += tl.load(P + gs.to(tl.int64)[:, None] * N + cols[None, :], mask=m, other=0.0)
+    tl.store(OUT + cols, tl.sum(acc, axis=0).to(OUT.dtype.element_ty), mask=cmask)
+
+
+# ---------------------------------------------------------------- launch configuration
+def _warps_for(tile: int) -> int:
+    # ~8-16 elements a thread for a single-row tile; cap at 32 warps (1024 threads)
+    return max(4, min(32, tile // 512))
+
+
+def fwd_config(m: int, n: int, batch_invariant: bool, sms: int) -> tuple[int, int, int]:
+    """(BLOCK_N, ROWS, num_warps) of the forward kernel.
+
+    Batch-invariant: a function of ``n`` only. Otherwise ``ROWS`` shrinks when the batch is
+    too small to give every SM a few programs.
+    """
+    block_n = next_pow2(n)
+    rows = max(1, min(64, 4096 // block_n))
+    if not batch_invariant:
+        while rows > 1 and triton.cdiv(m, rows) < 4 * sms:
+            rows //= 2
+    return block_n, rows, _warps_for(rows * block_n)
+
+
+def bwd_config(m: int, n: int, sms: int) -> tuple[int, int, int, int]:
+    """(BLOCK_N, ROWS, num_warps, programs) of the backward kernel.
+
+    Few programs (2 per SM for wide rows) keep the fp32 dw partials small (G*N*4 bytes);
+    two row blocks in flight per program plus 16 warps hide the memory latency.
+    """
+    block_n = next_pow2(n)
+    rows = max(1, min(64, 4096 // block_n))
+    tile = rows * block_n
+    warps = 16 if tile >= 4096 else _warps_for(tile)
+    per_sm = 2 if block_n >= 4096 else 4
+    n_blocks = triton.cdiv(m, rows)
+    programs = max(1, min(n_blocks, per_sm * sms))
+    return block_n, rows, warps, programs
+
+
+# ---------------------------------------------------------------- custom ops
+@torch.library.custom_op("veomni_triton::rms_norm_fwd", mutates_args=())
+def _rms_norm_fwd(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, offset: bool, batch_invariant: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    m, n = x.shape
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    rstd = torch.empty((m,), dtype=torch.float32, device=x.device)
+    if m == 0:
+        return y, rstd
+    block_n, rows, warps = fwd_config(m, n, batch_invariant, num_sms(x.device))
+    with launch_device(x):
+        _rms_norm_fwd_kernel[(triton.cdiv(m, rows),)](
+            x, weight, y, rstd, m, n, x.stride(0), y.stride(0), eps,
+            OFFSET=offset, ROWS=rows, BLOCK_N=block_n, num_warps=warps,
+        )
+    return y, rstd
+
+
+@_rms_norm_fwd.register_fake
+def _(x, weight, eps, offset, batch_invariant):
+    m, n = x.shape
+    return x.new_empty((m, n)), x.new_empty((m,), dtype=torch.float32)
+
+
+@torch.library.custom_op("veomni_triton::rms_norm_bwd", mutates_args=())
+def _rms_norm_bwd(
+    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, offset: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    m, n = x.shape
+    dy = as_rows(dy, n)
+    dx = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return dx, torch.zeros_like(weight)
+    block_n, rows, warps, programs = bwd_config(m, n, num_sms(x.device))
+    blocks_per_prog = triton.cdiv(triton.cdiv(m, rows), programs)
+    programs = triton.cdiv(triton.cdiv(m, rows), blocks_per_prog)
+    partial = torch.empty((programs, n), dtype=torch.float32, device=x.device)
+    dw = torch.empty((n,), dtype=weight.dtype, device=x.device)
+    with launch_device(x):
+        _rms_norm_bwd_kernel[(programs,)](
+            dy, x, weight, rstd, dx, partial, m, n, dy.stride(0), x.stride(0), dx.stride(0), blocks_per_prog,
+            OFFSET=offset, ROWS=rows, BLOCK_N=block_n, num_warps=warps,
+        )
+        block_c = 32
+        _column_sum_kernel[(triton.cdiv(n, block_c),)](
+            partial, dw, programs, n, BLOCK_G=128, BLOCK_C=block_c, num_warps=4,
+        )
+    return dx, dw
+
+
+@_rms_norm_bwd.register_fake
+def _(dy, x, weight, rstd, offset):
+    return x.new_empty(x.shape), weight.new_empty(weight.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, _eps, offset, _bi = inputs
+    _y, rstd = output
+    ctx.save_for_backward(x, weight, rstd)
+    ctx.offset = offset
+
+
+def _backward(ctx, dy, _drstd):
+    x, weight, rstd = ctx.saved_tensors
+    dx, dw = _rms_norm_bwd(dy, x, weight, rstd, ctx.offset)
+    return (
+        dx if ctx.needs_input_grad[0] else None,
+        dw if ctx.needs_input_grad[1] else None,
+        None,
+        None,
+        None,
+    )
+
+
+_rms_norm_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ---------------------------------------------------------------- public kernels
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: bool, batch_invariant: bool) -> torch.Tensor:
+    op = "rms_norm"
+    if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor):
+        raise TypeError(f"veomni_triton {op}: hidden_states and weight must be tensors")
+    check_device(op, x, weight)
+    check_float(op, "hidden_states", x)
+    check_float(op, "weight", weight)
+    if x.dim() < 1:
+        raise ValueError(f"veomni_triton {op}: hidden_states must have at least one dimension, got a scalar")
+    n = x.shape[-1]
+    if weight.dim() != 1 or weight.shape[0] != n:
+        raise ValueError(
+            f"veomni_triton {op}: weight has shape {tuple(weight.shape)} but hidden_states' last dimension is {n}; "
+            f"weight must be [{n}]"
+        )
+    if n == 0 or n > MAX_HIDDEN:
+        raise ValueError(
+            f"veomni_triton {op}: hidden size {n} is outside what this kernel holds in registers (1..{MAX_HIDDEN}); "
+            "use another rms_norm implementation for this model"
+        )
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps >= 0:
+        raise ValueError(f"veomni_triton {op}: eps must be a non-negative float, got {eps!r}")
+    y, _rstd = _rms_norm_fwd(as_rows(x, n), weight, float(eps), offset, batch_invariant)
+    return y.view(x.shape)
+
+
+def rms_norm_standard(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """``weight * cast(x * rsqrt(mean(x²) + eps))``: the Llama/Qwen2/Qwen3 RMSNorm."""
+    return _rms_norm(hidden_states, weight, eps, offset=False, batch_invariant=False)
+
+
+def rms_norm_offset(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """``cast(x̂ * (1 + weight))`` in fp32: the Gemma/Qwen3.5/Qwen3-Next RMSNorm."""
+    return _rms_norm(hidden_states, weight, eps, offset=True, batch_invariant=False)
+
+
+def rms_norm_standard_batch_invariant(
+    hidden_states: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+) -> torch.Tensor:
+    """As :func:`rms_norm_standard`; a row's output bits do not depend on the number of rows."""
+    return _rms_norm(hidden_states, weight, eps, offset=False, batch_invariant=True)
+
+
+def rms_norm_offset_batch_invariant(
+    hidden_states: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6
+) -> torch.Tensor:
+    """As :func:`rms_norm_offset`; a row's output bits do not depend on the number of rows."""
+    return _rms_norm(hidden_states, weight, eps, offset=True, batch_invariant=True)
+
+
+# Convenience for callers that pick the variant at run time.
+def rms_norm(
+    hidden_states: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *, offset: bool = False,
+    batch_invariant: bool = False,
+) -> torch.Tensor:
+    return _rms_norm(hidden_states, weight, eps, offset=offset, batch_invariant=batch_invariant)
