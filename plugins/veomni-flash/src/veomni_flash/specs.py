@@ -1,0 +1,81 @@
+"""veomni-flash's KernelSpecs (the ``veomni_ops.backends`` entry point). Light module.
+
+Imports veomni_ops and this package's name table only: no torch, no transformers, no flash
+package. Each kernel is imported by its factory once a config selects it.
+
+Hardware ranges come from the packages' own sources (read, not yet run on every card):
+
+* FA2 (``flash-attn``): its C++ API checks ``major >= 8`` and nothing above; its setup builds
+  sm80/sm90 (and sm100/sm110/sm120 with CUDA >= 12.8) plus PTX of the newest arch for forward
+  compatibility. No upper bound is declared.
+* FA3 (``flash-attn-3``, ``hopper/``): 3.0.0 builds sm80 kernels and sm90a kernels and checks
+  ``major >= 8``; sm90a code runs only on 9.0, sm80 code on any 8.x. Nothing is built for 10.x+,
+  so the range is 8.0..9.0.
+* FA4 (``flash-attn-4`` 4.0.0b36, ``flash_attn/cute/interface.py``): the forward accepts
+  8.x..12.x, but the backward asserts ``arch // 10 in [9, 10, 11, 12]``. Training needs the
+  backward, so the range is 9.0..12.x.
+"""
+
+from __future__ import annotations
+
+from veomni_ops.hookspecs import hookimpl
+from veomni_ops.spec import HardwareRequirement, KernelSpec, Tolerance
+
+from .packages import PACKAGES
+
+#: Flash kernels take half precision only.
+_DTYPES = ("bfloat16", "float16")
+
+#: Against the float64 reference. The kernels round P to the input dtype before the P@V
+#: GEMM and round the output once, so the error is a few units of the dtype's epsilon.
+_TOLERANCES = {"bfloat16": Tolerance(3e-2, 3e-2), "float16": Tolerance(5e-3, 5e-3)}
+
+_HINT = 'pip install "veomni-ops[flash]" and {install}'
+
+# Why supports_compile is False for all three: the padding-mask and packed-sequence paths
+# derive cu_seqlens with nonzero()/item() (data-dependent shapes and host syncs), which
+# torch.compile(fullgraph=True) cannot trace; FA4's kernels are CuTe-DSL JIT launches that
+# dynamo does not trace either.
+
+
+def _spec(version: int, *, priority: int, hardware: HardwareRequirement, description: str) -> KernelSpec:
+    pkg = PACKAGES[version]
+    return KernelSpec(
+        name=pkg.kernel_name,
+        op="attention",
+        variant="standard",
+        factory=f"veomni_flash.kernels.fa{version}:flash_attention_{version}",
+        hardware=hardware,
+        requires=(pkg.requirement,),
+        supports_backward=True,
+        supports_compile=False,
+        dtypes=_DTYPES,
+        priority=priority,
+        tolerances=_TOLERANCES,
+        description=description,
+        install_hint=_HINT.format(install=pkg.install),
+    )
+
+
+@hookimpl
+def attention() -> list[KernelSpec]:
+    return [
+        _spec(
+            4,
+            priority=40,
+            hardware=HardwareRequirement(("cuda",), min_capability=(9, 0), max_capability=(12, 9)),
+            description="FlashAttention-4 (CuTe DSL, flash_attn.cute): Hopper/Blackwell, GQA, varlen, no dropout",
+        ),
+        _spec(
+            3,
+            priority=35,
+            hardware=HardwareRequirement(("cuda",), min_capability=(8, 0), max_capability=(9, 0)),
+            description="FlashAttention-3 (flash_attn_interface): tuned for Hopper, GQA, varlen, no dropout",
+        ),
+        _spec(
+            2,
+            priority=30,
+            hardware=HardwareRequirement(("cuda",), min_capability=(8, 0)),
+            description="FlashAttention-2 (flash_attn): Ampere and newer, GQA, varlen, dropout",
+        ),
+    ]
