@@ -1,0 +1,133 @@
+"""``rotary`` contract -> ``liger_kernel.ops.rope.LigerRopeFunction``.
+
+Liger's signature is ``apply(q, k, cos, sin, position_ids=None, unsqueeze_dim=1,
+rotary_dim=None)`` (``rotary_dim`` since 0.8.5); ``position_ids`` is unused and
+``unsqueeze_dim`` only matters for 4-D cos/sin. The contract's call
+``kernel(q [B, Hq, S, D], k [B, Hk, S, D], cos [B, S, R], sin [B, S, R])`` maps onto it
+directly; what the adapter adds:
+
+* **Partial rotary** (R < D) needs ``rotary_dim``: the Triton kernel then rotates the first
+  R channels of each head and never touches the other D - R (read in
+  ``_triton_rope``: loads and stores are masked to ``rd // 2`` on each half). Releases
+  before 0.8.5 read cos/sin as if they were D wide, which is silently wrong for R < D, so
+  the ``full`` kernel refuses R < D and the ``partial`` one needs liger-kernel >= 0.8.5.
+* **No writes into the caller's tensors.** Liger rotates in place in the ``[B, S, H, D]``
+  storage it gets from ``q.transpose(1, 2).contiguous()``. When q is the usual transposed
+  view of a projection output that ``contiguous()`` is a no-op and Liger would overwrite the
+  caller's q (and whatever autograd saved that aliases it, without a version bump). The
+  adapter copies such inputs once first; other layouts are copied by Liger itself. In
+  backward, Liger rotates the incoming gradient in place (autograd's buffer, not a
+  caller's tensor).
+* cos/sin of another dtype are cast to q's dtype first, as the model's rotary module does
+  (Liger computes in cos's dtype).
+
+Liger reads only the first R/2 entries of each cos/sin row: it relies on the
+``cat(freqs, freqs)`` duplication the contract guarantees (a cos/sin that is not duplicated
+gives a different result than the eager reference). Checking that would cost a read of
+cos/sin and a host sync per call, so the adapter trusts the contract.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from liger_kernel.ops.rope import LigerRopeFunction
+
+from ._checks import check_kernel_dtype, check_ndim, check_same_device
+
+_OP = "rotary"
+
+#: Whether the installed Liger can rotate fewer channels than the head dim.
+SUPPORTS_PARTIAL = "rotary_dim" in inspect.signature(LigerRopeFunction.forward).parameters
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> int:
+    for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
+        check_kernel_dtype(t, name, _OP)
+    check_same_device(_OP, q=q, k=k, cos=cos, sin=sin)
+    check_ndim(q, 4, "q", _OP, "[B, Hq, S, D]")
+    check_ndim(k, 4, "k", _OP, "[B, Hk, S, D]")
+    check_ndim(cos, 3, "cos", _OP, "[B, S, R] (as the model's rotary embedding returns it)")
+    if cos.shape != sin.shape:
+        raise ValueError(f"{_OP} (liger): cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must have the same shape")
+    b, _, s, d = q.shape
+    if k.shape[0] != b or k.shape[2] != s or k.shape[3] != d:
+        raise ValueError(
+            f"{_OP} (liger): k {tuple(k.shape)} must match q {tuple(q.shape)} in batch, sequence and head dim "
+            "(layout [B, H, S, D]; transpose(1, 2) a [B, S, H, D] tensor first)"
+        )
+    r = cos.shape[-1]
+    if r % 2 or r == 0 or r > d:
+        raise ValueError(
+            f"{_OP} (liger): the rotary dim R = cos.shape[-1] = {r} must be even, positive and at most the head "
+            f"dim {d}; pass the cos/sin the model's rotary embedding returns (cat(freqs, freqs))"
+        )
+    if cos.shape[0] not in (1, b) or cos.shape[1] != s:
+        raise ValueError(
+            f"{_OP} (liger): cos/sin {tuple(cos.shape)} do not fit q {tuple(q.shape)}: expected [{b} or 1, {s}, R]"
+        )
+    return r
+
+
+def _private_copy_if_aliased(x: torch.Tensor) -> torch.Tensor:
+    """x itself if Liger will copy it anyway, else a [B, S, H, D]-contiguous copy seen as [B, H, S, D].
+
+    Liger works in place on ``x.transpose(1, 2).contiguous()``; when that is already
+    contiguous it would be x's own storage. The copy is differentiable (autograd passes the
+    gradient straight through it).
+    """
+    xt = x.transpose(1, 2)
+    if xt.is_contiguous():
+        return xt.clone(memory_format=torch.contiguous_format).transpose(1, 2)
+    return x
+
+
+def _apply(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if cos.dtype != q.dtype:
+        cos, sin = cos.to(q.dtype), sin.to(q.dtype)
+    q = _private_copy_if_aliased(q)
+    k = _private_copy_if_aliased(k)
+    if rotary_dim is None:
+        return LigerRopeFunction.apply(q, k, cos, sin)
+    # Positional: (q, k, cos, sin, position_ids, unsqueeze_dim, rotary_dim).
+    return LigerRopeFunction.apply(q, k, cos, sin, None, 1, rotary_dim)
+
+
+def apply_rotary_full(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate every channel of each head (``full`` variant: R == D), via Liger.
+
+    ``q [B, Hq, S, D]``, ``k [B, Hk, S, D]``, ``cos``/``sin`` ``[B or 1, S, D]``. Returns new
+    tensors with q's and k's shapes and dtypes; the inputs are left untouched.
+    """
+    r = _check(q, k, cos, sin)
+    if r != q.shape[-1]:
+        raise ValueError(
+            f"{_OP} (liger, full): cos/sin have R = {r} channels but the head dim is {q.shape[-1]}; this is "
+            "partial rotary -- select the 'partial' variant (the core does so for models with "
+            "partial_rotary_factor < 1)"
+        )
+    return _apply(q, k, cos, sin, None)
+
+
+def apply_rotary_partial(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate the first R = ``cos.shape[-1]`` channels of each head, pass the rest through (``partial``).
+
+    Same layouts as :func:`apply_rotary_full`; R may be smaller than or equal to D.
+    """
+    r = _check(q, k, cos, sin)
+    if not SUPPORTS_PARTIAL:
+        from importlib.metadata import version as dist_version
+
+        version = dist_version("liger-kernel")
+        raise RuntimeError(
+            f"{_OP} (liger, partial): the installed liger-kernel ({version}) cannot rotate fewer channels "
+            'than the head dim; upgrade with pip install -U "liger-kernel>=0.8.5"'
+        )
+    return _apply(q, k, cos, sin, r)

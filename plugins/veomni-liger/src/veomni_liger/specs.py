@@ -1,0 +1,175 @@
+"""Hook implementations of the ``liger`` backend (Liger-Kernel, linkedin/Liger-Kernel).
+
+This module is the entry point the core discovers (``veomni_ops.backends: liger``). It must
+stay light: it imports only ``veomni_ops`` -- never torch, Triton or ``liger_kernel``. The
+adapters are named by ``factory`` strings and imported only when a plan selects them.
+
+Every spec is named ``liger`` (VeOmni's legacy value ``liger_kernel`` maps to it in the
+core's config). What is registered, and why each field has the value it has:
+
+* ``requires``: the lowest liger-kernel release that has the API the adapter calls *and*
+  no known correctness bug on the path it takes, read from Liger's git history (see
+  README, "Versions"). Only 0.8.5 has been run.
+* ``hardware``: CUDA only (ROCm has never been run). sm 8.0+ because bf16 Triton kernels
+  need Ampere; the MoE kernel asks for sm 9.0 (its backward uses bf16 ``atomic_add`` and
+  Liger tunes it for Hopper/Blackwell; it has not been run on Ampere).
+* ``supports_compile``: False everywhere until a GPU run shows otherwise. The cross-entropy
+  and MoE kernels synchronise with the host (``.item()``) and cannot trace with
+  ``fullgraph=True``; for RMSNorm, RoPE and SwiGLU it is untested (Triton under the CPU
+  interpreter cannot be traced by dynamo). ``gpu/check_liger.py`` reports it.
+* Not registered: ``load_balancing_loss`` and ``attention`` (Liger 0.8.5 has no kernel with
+  those contracts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from veomni_ops.hookspecs import hookimpl
+from veomni_ops.spec import HardwareRequirement, KernelSpec, Tolerance
+
+NAME = "liger"
+PRIORITY = 20
+INSTALL_HINT = 'pip install "veomni-ops[liger]"'
+DTYPES = ("float32", "bfloat16", "float16")
+_KERNELS = "veomni_liger.kernels"
+
+_CUDA_SM80 = HardwareRequirement(("cuda",), min_capability=(8, 0))
+_CUDA_SM90 = HardwareRequirement(("cuda",), min_capability=(9, 0))
+
+#: Lowest liger-kernel release per adapter (README "Versions" gives the reasons).
+MIN_LIGER = {
+    # fp32 accumulation of dW in llama casting mode: #950, first released in 0.6.5.
+    "rms_norm": "0.6.5",
+    # int64 program ids (no overflow at long sequences): #804, released in 0.6.1.
+    "rotary_full": "0.6.1",
+    # rotary_dim < head_dim first supported in 0.8.5; older releases read cos/sin as if
+    # they were head_dim wide (silently wrong for partial rotary).
+    "rotary_partial": "0.8.5",
+    # swiglu_forward/backward with an int64 program id (#251): 0.3.1.
+    "swiglu": "0.3.1",
+    # cross_entropy_forward stops writing gradients into logits that need none (#894): 0.6.3.
+    "cross_entropy_logits": "0.6.3",
+    # accum_dtype (#830, 0.6.2) and a working no-grad path (#931): 0.6.4.
+    "cross_entropy_fused_linear": "0.6.4",
+    # LigerFusedMoEFunction appeared in 0.8.0; int32 overflow fix (#1248) in 0.8.1; the dx
+    # backward miscompile fix (separate gate/up accumulators) in 0.8.3.
+    "moe_experts": "0.8.3",
+}
+
+# fp32 math inside the kernel, one or two roundings to the input dtype.
+_ELEMENTWISE_TOL: Mapping[str, Tolerance] = {
+    "float32": Tolerance(1e-5, 1e-4),
+    "bfloat16": Tolerance(2e-2, 2e-2),
+    "float16": Tolerance(2e-3, 2e-3),
+}
+# Per-token losses are stored in the logits dtype before the float32 sum.
+_CE_LOGITS_TOL: Mapping[str, Tolerance] = {
+    "float32": Tolerance(1e-5, 1e-4),
+    "bfloat16": Tolerance(2e-2, 2e-2),
+    "float16": Tolerance(2e-3, 2e-3),
+}
+# Logits come from a matmul in the input dtype; dW sums over every token.
+_FLCE_TOL: Mapping[str, Tolerance] = {
+    "float32": Tolerance(1e-4, 1e-4),
+    "bfloat16": Tolerance(2e-2, 2e-2),
+    "float16": Tolerance(5e-3, 5e-3),
+}
+# tl.dot on float32 inputs uses TF32 (10-bit mantissa) on NVIDIA GPUs; dS is accumulated
+# with atomic_add in the activation dtype.
+_MOE_TOL: Mapping[str, Tolerance] = {
+    "float32": Tolerance(5e-3, 5e-3),
+    "bfloat16": Tolerance(3e-2, 3e-2),
+    "float16": Tolerance(5e-3, 5e-3),
+}
+
+
+def _spec(
+    op: str,
+    variant: str,
+    factory: str,
+    min_version: str,
+    tolerances: Mapping[str, Tolerance],
+    description: str,
+    hardware: HardwareRequirement = _CUDA_SM80,
+) -> KernelSpec:
+    return KernelSpec(
+        name=NAME,
+        op=op,
+        variant=variant,
+        factory=f"{_KERNELS}.{factory}",
+        hardware=hardware,
+        requires=(f"liger-kernel>={min_version}",),
+        supports_backward=True,
+        supports_compile=False,
+        dtypes=DTYPES,
+        priority=PRIORITY,
+        tolerances=dict(tolerances),
+        description=description,
+        install_hint=INSTALL_HINT,
+    )
+
+
+@hookimpl
+def rms_norm() -> list[KernelSpec]:
+    return [
+        _spec(
+            "rms_norm", "standard", "rms_norm:rms_norm_standard", MIN_LIGER["rms_norm"], _ELEMENTWISE_TOL,
+            "Liger RMSNorm, casting_mode='llama' (fp32 statistics, cast x̂, then * w), out-of-place backward",
+        ),
+        _spec(
+            "rms_norm", "offset", "rms_norm:rms_norm_offset", MIN_LIGER["rms_norm"], _ELEMENTWISE_TOL,
+            "Liger RMSNorm, offset=1.0 casting_mode='gemma' (x̂ * (1 + w) all in fp32), out-of-place backward",
+        ),
+    ]
+
+
+@hookimpl
+def rotary() -> list[KernelSpec]:
+    return [
+        _spec(
+            "rotary", "full", "rotary:apply_rotary_full", MIN_LIGER["rotary_full"], _ELEMENTWISE_TOL,
+            "Liger RoPE (LigerRopeFunction), q and k in one launch; rotary dim == head dim",
+        ),
+        _spec(
+            "rotary", "partial", "rotary:apply_rotary_partial", MIN_LIGER["rotary_partial"], _ELEMENTWISE_TOL,
+            "Liger RoPE (LigerRopeFunction, rotary_dim), first R channels rotated, the rest untouched",
+        ),
+    ]
+
+
+@hookimpl
+def swiglu() -> list[KernelSpec]:
+    return [
+        _spec(
+            "swiglu", "standard", "swiglu:silu_mul", MIN_LIGER["swiglu"], _ELEMENTWISE_TOL,
+            "Liger SiLU*mul (swiglu_forward/backward); backward overwrites gate/up with their gradients",
+        )
+    ]
+
+
+@hookimpl
+def cross_entropy() -> list[KernelSpec]:
+    return [
+        _spec(
+            "cross_entropy", "logits", "cross_entropy:cross_entropy_sum",
+            MIN_LIGER["cross_entropy_logits"], _CE_LOGITS_TOL,
+            "Liger cross-entropy (online softmax, gradient computed in forward into the logits buffer)",
+        ),
+        _spec(
+            "cross_entropy", "fused_linear", "cross_entropy:fused_linear_cross_entropy_sum",
+            MIN_LIGER["cross_entropy_fused_linear"], _FLCE_TOL,
+            "Liger fused linear cross-entropy (chunked logits, grads in forward, fp32 dW accumulator)",
+        ),
+    ]
+
+
+@hookimpl
+def moe_experts() -> list[KernelSpec]:
+    return [
+        _spec(
+            "moe_experts", "standard", "moe:moe_experts", MIN_LIGER["moe_experts"], _MOE_TOL,
+            "Liger fused MoE (LigerFusedMoEFunction): Triton grouped GEMM with fused gather and SwiGLU",
+            hardware=_CUDA_SM90,
+        )
+    ]
