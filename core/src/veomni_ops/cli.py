@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as e:
-            if e.name != module:
+            if not e.name or not (module == e.name or module.startswith(e.name + ".")):
                 raise
             p.set_defaults(func=lambda a, n=name: _unavailable(n))
             continue
@@ -122,9 +122,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .resolve import ResolutionError
 
     args = build_parser().parse_args(argv)
+    refusals: tuple[type[BaseException], ...] = (
+        ResolutionError, ConfigError, DeviceError, PluginLoadError, FileNotFoundError,
+    )
+    try:
+        from .binding import BindingError
+        from .train import TrainConfigError
+
+        refusals += (BindingError, TrainConfigError)
+    except ImportError:  # binding needs torch; the listing commands do not
+        pass
     try:
         return int(args.func(args) or 0)
-    except (ResolutionError, ConfigError, DeviceError, PluginLoadError, FileNotFoundError) as e:
+    except refusals as e:
         print(f"veomni-ops {args.command}: {e}", file=sys.stderr)
         return 1
 
