@@ -1,0 +1,33 @@
+"""Make ``veomni_ops`` and ``veomni_triton`` importable when a GPU script runs from a checkout.
+
+Installed distributions win; otherwise the repository's ``core/src`` and this plugin's
+``src`` are put on ``sys.path``. Imported by the scripts in this folder before anything else.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PLUGIN_SRC = os.path.normpath(os.path.join(HERE, "..", "src"))
+CORE_SRC = os.path.normpath(os.path.join(HERE, "..", "..", "..", "core", "src"))
+
+for mod, path in (("veomni_ops", CORE_SRC), ("veomni_triton", PLUGIN_SRC)):
+    if importlib.util.find_spec(mod) is None and os.path.isdir(path):
+        sys.path.insert(0, path)
+
+#: VEOMNI_GPU_SMOKE=1 (with TRITON_INTERPRET=1): run the scripts' plumbing on the CPU with tiny
+#: shapes, so that a script is known to run end to end before it goes to a GPU. Not a measurement.
+SMOKE = os.environ.get("VEOMNI_GPU_SMOKE", "0") == "1"
+
+if SMOKE:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+elif os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    sys.exit("unset TRITON_INTERPRET: these scripts measure the compiled kernels on a CUDA GPU")
+
+
+def pick(real, smoke):
+    """``real`` on the GPU, ``smoke`` in a smoke run."""
+    return smoke if SMOKE else real
