@@ -1,0 +1,342 @@
+"""Switch-Transformer load-balancing loss over all MoE layers in one fused Triton pass.
+
+Kernel contract (``veomni_ops.hookspecs.OpHookspecs.load_balancing_loss``)::
+
+    kernel(gate_logits: Sequence[Tensor[T, E]], num_experts: int, top_k: int,
+           attention_mask: Tensor[B, S] | None = None) -> Tensor[]  (float32)
+
+Same value as transformers' ``load_balancing_loss_func``: per layer ``p = softmax(logits)``
+and its top-k experts; over all layers and the tokens the mask keeps,
+``f_e = routes to e / N`` and ``P_e = sum p_e / N`` with ``N = layers * kept tokens``; the loss
+is ``E * sum_e f_e * P_e``. Differences, on purpose: the softmax is always computed in fp32
+(transformers computes it in the logits' dtype, so for bf16 logits it sums bf16-rounded
+probabilities; ours are the exact ones), and among exactly tied probabilities the top-k
+takes the lowest expert index.
+
+Launches: forward = 2 (plus a small pinned host-to-device copy of the pointer table and, with
+a mask, one cast of the mask), backward = 1.
+
+* ``_lbl_partial_kernel``: programs (layer, strip of tokens). The L logits tensors are read in
+  place through a table of their addresses and row strides (no ``torch.stack`` copy of
+  ``L*T*E`` values). Per block of rows: fp32 softmax, top-k by ``TOPK`` rounds of
+  arg-max with masking, all in registers; each program keeps register accumulators of the
+  (mask-weighted) route counts and probability sums and writes one row of each to a
+  ``[programs, E]`` buffer. Nothing of size ``T*E`` is ever written.
+* ``_lbl_reduce_kernel`` (one program): sums the partial rows in a fixed order (no atomics:
+  bitwise reproducible), the mask, and produces the loss and the backward coefficient
+  ``c_e = E * count_e / N**2``.
+* backward, ``_lbl_bwd_kernel``: ``dL/dp_{t,e} = c_e * mask_t`` (the top-k counts are piecewise
+  constant, so no gradient flows through them); it recomputes the softmax per row and writes
+  ``dlogits = p * (g - sum(p * g))`` for every layer into one ``[L, T, E]`` buffer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import check_device, check_float, next_pow2, num_sms
+
+_OP = "load_balancing_loss"
+
+_TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+
+@triton.jit
+def _lbl_partial_kernel(
+    table_ptr, mask_ptr, cnt_ptr, psum_ptr,
+    T, E, L, ROWS_PER_PROG,
+    DTYPE: tl.constexpr, TOPK: tl.constexpr, HAS_MASK: tl.constexpr,
+    BLOCK_T: tl.constexpr, E_POW2: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    progs_per_layer = tl.num_programs(0) // L
+    layer = pid // progs_per_layer
+    part = pid % progs_per_layer
+    base = tl.load(table_ptr + layer).to(tl.pointer_type(DTYPE))
+    row_stride = tl.load(table_ptr + L + layer)
+    cols = tl.arange(0, E_POW2)
+    cmask = cols < E
+    cnt = tl.zeros((BLOCK_T, E_POW2), dtype=tl.float32)
+    psum = tl.zeros((BLOCK_T, E_POW2), dtype=tl.float32)
+    t_begin = part * ROWS_PER_PROG
+    t_end = tl.minimum(t_begin + ROWS_PER_PROG, T)
+    for t0 in range(t_begin, t_end, BLOCK_T):
+        rows = t0 + tl.arange(0, BLOCK_T)
+        rmask = rows < t_end
+        x = tl.load(
+            base + rows[:, None].to(tl.int64) * row_stride + cols[None, :],
+            mask=rmask[:, None] & cmask[None, :], other=float("-inf"),
+        ).to(tl.float32)
+        # rows past the end become all-zero logits (finite softmax) with weight 0
+        x = tl.where(rmask[:, None], x, 0.0)
+        x_max = tl.max(x, axis=1)
+        ex = tl.exp(x - x_max[:, None])
+        p = ex / tl.sum(ex, axis=1)[:, None]
+        if HAS_MASK:
+            wt = tl.load(mask_ptr + rows, mask=rmask, other=0.0)
+        else:
+            wt = rmask.to(tl.float32)
+        psum += p * wt[:, None]
+        # top-k: TOPK rounds of arg-max (ties: lowest index); padded columns can never win
+        q = tl.where(cmask[None, :], p, -1.0)
+        for _k in tl.static_range(TOPK):
+            best = tl.argmax(q, axis=1)
+            hit = cols[None, :] == best[:, None]
+            cnt += tl.where(hit, wt[:, None], 0.0)
+            q = tl.where(hit, -1.0, q)
+    out = pid.to(tl.int64) * E_POW2 + cols
+    tl.store(cnt_ptr + out, tl.sum(cnt, axis=0))
+    tl.store(psum_ptr + out, tl.sum(psum, axis=0))
+
+
+@triton.jit
+def _lbl_reduce_kernel(
+    cnt_ptr, psum_ptr, mask_ptr, loss_ptr, coef_ptr,
+    P, T, E, L,
+    HAS_MASK: tl.constexpr, BLOCK_P: tl.constexpr, E_POW2: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    cols = tl.arange(0, E_POW2)
+    cmask = cols < E
+    acc_c = tl.zeros((BLOCK_P, E_POW2), dtype=tl.float32)
+    acc_p = tl.zeros((BLOCK_P, E_POW2), dtype=tl.float32)
+    for p0 in range(0, P, BLOCK_P):
+        rows = p0 + tl.arange(0, BLOCK_P)
+        offs = rows[:, None].to(tl.int64) * E_POW2 + cols[None, :]
+        m = (rows < P)[:, None]
+        acc_c += tl.load(cnt_ptr + offs, mask=m, other=0.0)
+        acc_p += tl.load(psum_ptr + offs, mask=m, other=0.0)
+    counts = tl.sum(acc_c, axis=0)
+    probs = tl.sum(acc_p, axis=0)
+    if HAS_MASK:
+        acc_m = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        for m0 in range(0, T, BLOCK_M):
+            r = m0 + tl.arange(0, BLOCK_M)
+            acc_m += tl.load(mask_ptr + r, mask=r < T, other=0.0)
+        kept = tl.sum(acc_m, axis=0)
+    else:
+        kept = T * 1.0
+    n = kept * L
+    f = counts / n
+    pm = probs / n
+    loss = tl.sum(tl.where(cmask, f * pm, 0.0), axis=0) * E
+    tl.store(loss_ptr, loss)
+    # d loss / d p_{l,t,e} = E * count_e / n^2 (times the token's mask weight)
+    tl.store(coef_ptr + cols, E * f / n, mask=cmask)
+
+
+@triton.jit
+def _lbl_bwd_kernel(
+    table_ptr, mask_ptr, coef_ptr, gout_ptr, dx_ptr,
+    T, E, L,
+    DTYPE: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_T: tl.constexpr, E_POW2: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    blocks = (T + BLOCK_T - 1) // BLOCK_T
+    layer = pid // blocks
+    rows = (pid % blocks) * BLOCK_T + tl.arange(0, BLOCK_T)
+    rmask = rows < T
+    cols = tl.arange(0, E_POW2)
+    cmask = cols < E
+    base = tl.load(table_ptr + layer).to(tl.pointer_type(DTYPE))
+    row_stride = tl.load(table_ptr + L + layer)
+    m2 = rmask[:, None] & cmask[None, :]
+    x = tl.load(base + rows[:, None].to(tl.int64) * row_stride + cols[None, :], mask=m2, other=float("-inf"))
+    x = tl.where(rmask[:, None], x.to(tl.float32), 0.0)
+    ex = tl.exp(x - tl.max(x, axis=1)[:, None])
+    p = ex / tl.sum(ex, axis=1)[:, None]
+    gout = tl.load(gout_ptr).to(tl.float32)
+    coef = tl.load(coef_ptr + cols, mask=cmask, other=0.0)
+    if HAS_MASK:
+        wt = tl.load(mask_ptr + rows, mask=rmask, other=0.0)
+    else:
+        wt = tl.full((BLOCK_T,), 1.0, tl.float32)
+    g = coef[None, :] * (wt * gout)[:, None]
+    dx = p * (g - tl.sum(p * g, axis=1)[:, None])
+    out = dx_ptr + (layer.to(tl.int64) * T + rows[:, None]) * E + cols[None, :]
+    tl.store(out, dx.to(dx_ptr.dtype.element_ty), mask=m2)
+
+
+# ---------------------------------------------------------------- host side
+def _pointer_table(logits: Sequence[torch.Tensor]) -> torch.Tensor:
+    """int64 ``[2, L]``: each layer's data address and row stride, on the logits' device.
+
+    Built on the host and sent with one asynchronous copy from pinned memory, so the host
+    never waits for the GPU.
+    """
+    values = [t.data_ptr() for t in logits] + [t.stride(0) for t in logits]
+    table = torch.tensor(values, dtype=torch.int64)
+    dev = logits[0].device
+    if dev.type == "cuda":
+        table = table.pin_memory().to(dev, non_blocking=True)
+    return table
+
+
+def _rows_ok(t: torch.Tensor) -> torch.Tensor:
+    # the kernels need unit stride along experts; any row stride is fine
+    return t if t.stride(1) == 1 or t.shape[1] == 1 else t.contiguous()
+
+
+def _fwd_launch(t: int, e: int, num_layers: int, device: torch.device) -> tuple[int, int, int, int]:
+    e_pow2 = max(16, next_pow2(e))
+    block_t = max(1, min(64, 4096 // e_pow2))
+    blocks = triton.cdiv(t, block_t)
+    # a few programs per SM in all, each walking a strip of whole row blocks of one layer
+    per_layer = max(1, min(blocks, triton.cdiv(4 * num_sms(device), num_layers)))
+    rows_per_prog = triton.cdiv(blocks, per_layer) * block_t
+    per_layer = triton.cdiv(t, rows_per_prog)
+    return e_pow2, block_t, per_layer, rows_per_prog
+
+
+@torch.library.custom_op("veomni_triton::load_balancing_loss_fwd", mutates_args=())
+def _lbl_fwd(
+    gate_logits: list[torch.Tensor], num_experts: int, top_k: int, mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    num_layers = len(gate_logits)
+    t, e = gate_logits[0].shape
+    dev = gate_logits[0].device
+    logits = [_rows_ok(x) for x in gate_logits]
+    loss = torch.empty((), device=dev, dtype=torch.float32)
+    coef = torch.empty((e,), device=dev, dtype=torch.float32)
+    e_pow2, block_t, per_layer, rows_per_prog = _fwd_launch(t, e, num_layers, dev)
+    programs = num_layers * per_layer
+    cnt = torch.empty((programs, e_pow2), device=dev, dtype=torch.float32)
+    psum = torch.empty((programs, e_pow2), device=dev, dtype=torch.float32)
+    table = _pointer_table(logits)
+    has_mask = mask is not None
+    mask_arg = mask if has_mask else cnt  # never read without a mask
+    with _launch_device(logits[0]):
+        if t > 0:
+            _lbl_partial_kernel[(programs,)](
+                table, mask_arg, cnt, psum, t, e, num_layers, rows_per_prog,
+                DTYPE=_TL_DTYPES[logits[0].dtype], TOPK=top_k, HAS_MASK=has_mask,
+                BLOCK_T=block_t, E_POW2=e_pow2, num_warps=4,
+            )
+        else:
+            cnt.zero_()
+            psum.zero_()
+        _lbl_reduce_kernel[(1,)](
+            cnt, psum, mask_arg, loss, coef, programs, t, e, num_layers,
+            HAS_MASK=has_mask, BLOCK_P=max(1, min(64, 8192 // e_pow2)), E_POW2=e_pow2, BLOCK_M=1024, num_warps=4,
+        )
+    return loss, coef
+
+
+@_lbl_fwd.register_fake
+def _(gate_logits, num_experts, top_k, mask):
+    x = gate_logits[0]
+    return x.new_empty((), dtype=torch.float32), x.new_empty((x.shape[1],), dtype=torch.float32)
+
+
+@torch.library.custom_op("veomni_triton::load_balancing_loss_bwd", mutates_args=())
+def _lbl_bwd(
+    grad: torch.Tensor, gate_logits: list[torch.Tensor], coef: torch.Tensor, mask: torch.Tensor | None
+) -> torch.Tensor:
+    num_layers = len(gate_logits)
+    t, e = gate_logits[0].shape
+    dev = gate_logits[0].device
+    logits = [_rows_ok(x) for x in gate_logits]
+    dx = torch.empty((num_layers, t, e), device=dev, dtype=logits[0].dtype)
+    if t == 0:
+        return dx
+    e_pow2 = max(16, next_pow2(e))
+    block_t = max(1, min(64, 4096 // e_pow2))
+    table = _pointer_table(logits)
+    has_mask = mask is not None
+    with _launch_device(logits[0]):
+        _lbl_bwd_kernel[(num_layers * triton.cdiv(t, block_t),)](
+            table, mask if has_mask else coef, coef, grad.reshape(()).to(torch.float32), dx, t, e, num_layers,
+            DTYPE=_TL_DTYPES[logits[0].dtype], HAS_MASK=has_mask, BLOCK_T=block_t, E_POW2=e_pow2, num_warps=4,
+        )
+    return dx
+
+
+@_lbl_bwd.register_fake
+def _(grad, gate_logits, coef, mask):
+    x = gate_logits[0]
+    return x.new_empty((len(gate_logits), x.shape[0], x.shape[1]))
+
+
+def _setup_context(ctx, inputs, output):
+    gate_logits, _num_experts, _top_k, mask = inputs
+    _loss, coef = output
+    ctx.num_layers = len(gate_logits)
+    ctx.has_mask = mask is not None
+    ctx.save_for_backward(*gate_logits, coef, *((mask,) if mask is not None else ()))
+    ctx.mark_non_differentiable(coef)
+
+
+def _backward(ctx, grad, _dcoef):
+    saved = ctx.saved_tensors
+    logits = list(saved[: ctx.num_layers])
+    coef = saved[ctx.num_layers]
+    mask = saved[ctx.num_layers + 1] if ctx.has_mask else None
+    dx = _lbl_bwd(grad, logits, coef, mask)
+    return list(dx.unbind(0)), None, None, None
+
+
+_lbl_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _launch_device(t: torch.Tensor):
+    # Triton launches on the current CUDA device; make it the tensors' device.
+    if t.device.type == "cuda" and t.device.index != torch.cuda.current_device():
+        return torch.cuda.device(t.device)
+    return contextlib.nullcontext()
+
+
+# ---------------------------------------------------------------- public kernel
+def load_balancing_loss(
+    gate_logits: Sequence[torch.Tensor] | torch.Tensor,
+    num_experts: int,
+    top_k: int,
+    attention_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Auxiliary load-balancing loss over all layers (see the module docstring); fp32 scalar."""
+    if isinstance(gate_logits, torch.Tensor):
+        if gate_logits.dim() != 3:
+            raise ValueError(
+                f"veomni_triton {_OP}: gate_logits as one tensor must be [L, T, E], got {tuple(gate_logits.shape)}"
+            )
+        gate_logits = list(gate_logits.unbind(0))
+    if not isinstance(gate_logits, (list, tuple)) or not gate_logits:
+        raise TypeError(
+            f"veomni_triton {_OP}: gate_logits must be a non-empty sequence of [T, E] tensors (one per MoE layer), "
+            f"got {type(gate_logits).__name__}"
+        )
+    logits = list(gate_logits)
+    for i, x in enumerate(logits):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"veomni_triton {_OP}: gate_logits[{i}] is a {type(x).__name__}, not a tensor")
+    check_device(_OP, *logits, *((attention_mask,) if attention_mask is not None else ()))
+    first = logits[0]
+    check_float(_OP, "gate_logits[0]", first)
+    if first.dim() != 2:
+        raise ValueError(f"veomni_triton {_OP}: each gate_logits tensor must be [T, E], got {tuple(first.shape)}")
+    for i, x in enumerate(logits):
+        if x.shape != first.shape or x.dtype != first.dtype:
+            raise ValueError(
+                f"veomni_triton {_OP}: gate_logits[{i}] is {tuple(x.shape)} {x.dtype} but gate_logits[0] is "
+                f"{tuple(first.shape)} {first.dtype}; every layer must give [T, E] logits of one dtype"
+            )
+    t, e = first.shape
+    if not isinstance(num_experts, int) or num_experts != e:
+        raise ValueError(f"veomni_triton {_OP}: num_experts={num_experts!r} but the logits have {e} experts")
+    if e > 1024:
+        raise ValueError(f"veomni_triton {_OP}: {e} experts is more than this kernel holds in registers (1024)")
+    if not isinstance(top_k, int) or not 1 <= top_k <= e:
+        raise ValueError(f"veomni_triton {_OP}: top_k={top_k!r} must be an int in [1, num_experts={e}]")
+    mask = None
+    if attention_mask is not None:
+        if attention_mask.numel() != t:
+            raise ValueError(
+                f"veomni_triton {_OP}: attention_mask has {attention_mask.numel()} entries "
+                f"({tuple(attention_mask.shape)}) but the logits have T={t} rows; it must be [B, S] with B*S == T"
+            )
+        mask = attention_mask.reshape(-1).to(torch.float32)
+    loss, _coef = _lbl_fwd(logits, num_experts, top_k, mask)
+    return loss
