@@ -129,11 +129,11 @@ def rotary() -> list[KernelSpec]:
     return [
         _spec(
             "rotary", "full", "rotary:apply_rotary_full", MIN_LIGER["rotary_full"], _ELEMENTWISE_TOL,
-            "Liger RoPE (LigerRopeFunction), q and k in one launch; rotary dim == head dim",
+            "Liger RoPE (rope_forward/backward), q and k in one launch; rotary dim == head dim",
         ),
         _spec(
             "rotary", "partial", "rotary:apply_rotary_partial", MIN_LIGER["rotary_partial"], _ELEMENTWISE_TOL,
-            "Liger RoPE (LigerRopeFunction, rotary_dim), first R channels rotated, the rest untouched",
+            "Liger RoPE (rope_forward/backward, rotary_dim): first R channels rotated, the rest untouched",
         ),
     ]
 

@@ -1,23 +1,26 @@
-"""``rotary`` contract -> ``liger_kernel.ops.rope.LigerRopeFunction``.
+"""``rotary`` contract -> Liger's RoPE (``liger_kernel.ops.rope``).
 
-Liger's signature is ``apply(q, k, cos, sin, position_ids=None, unsqueeze_dim=1,
-rotary_dim=None)`` (``rotary_dim`` since 0.8.5); ``position_ids`` is unused and
-``unsqueeze_dim`` only matters for 4-D cos/sin. The contract's call
-``kernel(q [B, Hq, S, D], k [B, Hk, S, D], cos [B, S, R], sin [B, S, R])`` maps onto it
-directly; what the adapter adds:
+Liger's autograd Function is ``LigerRopeFunction.apply(q, k, cos, sin, position_ids=None,
+unsqueeze_dim=1, rotary_dim=None)`` (``rotary_dim`` since 0.8.5; ``position_ids`` is
+unused). It runs ``rope_forward`` / ``rope_backward`` from the same module; the adapter calls
+those two inside its own small autograd Function, because both rotate **in place**: the
+forward in ``q.transpose(1, 2).contiguous()``, the backward in ``dq.transpose(1, 2)
+.contiguous()``. For the usual layout (q a transposed view of a ``[B, S, H, D]`` projection
+output, and its gradient laid out the same way) ``contiguous()`` is a no-op, so Liger's
+Function overwrites the caller's q/k in forward -- and anything autograd saved that aliases
+them, without a version bump -- and overwrites the incoming gradient in backward, which is
+wrong whenever autograd (or the user, through ``backward(grad_tensors)``) hands the same
+gradient tensor to someone else. The adapter copies exactly those inputs/gradients once
+before Liger rotates them (other layouts Liger copies itself): one extra read and write of
+q and k per direction, for a functional op.
 
-* **Partial rotary** (R < D) needs ``rotary_dim``: the Triton kernel then rotates the first
-  R channels of each head and never touches the other D - R (read in
-  ``_triton_rope``: loads and stores are masked to ``rd // 2`` on each half). Releases
-  before 0.8.5 read cos/sin as if they were D wide, which is silently wrong for R < D, so
-  the ``full`` kernel refuses R < D and the ``partial`` one needs liger-kernel >= 0.8.5.
-* **No writes into the caller's tensors.** Liger rotates in place in the ``[B, S, H, D]``
-  storage it gets from ``q.transpose(1, 2).contiguous()``. When q is the usual transposed
-  view of a projection output that ``contiguous()`` is a no-op and Liger would overwrite the
-  caller's q (and whatever autograd saved that aliases it, without a version bump). The
-  adapter copies such inputs once first; other layouts are copied by Liger itself. In
-  backward, Liger rotates the incoming gradient in place (autograd's buffer, not a
-  caller's tensor).
+What else it adds:
+
+* **Partial rotary** (R < D) passes ``rotary_dim=R``: the Triton kernel then rotates the
+  first R channels of each head and never touches the other D - R (``_triton_rope`` masks
+  loads and stores to ``rd // 2`` per half). Releases before 0.8.5 read cos/sin as if they
+  were D wide -- silently wrong for R < D -- so the ``full`` kernel refuses R < D and the
+  ``partial`` one needs liger-kernel >= 0.8.5 (checked at call time too).
 * cos/sin of another dtype are cast to q's dtype first, as the model's rotary module does
   (Liger computes in cos's dtype).
 
@@ -32,14 +35,14 @@ from __future__ import annotations
 import inspect
 
 import torch
-from liger_kernel.ops.rope import LigerRopeFunction
+from liger_kernel.ops.rope import rope_backward, rope_forward
 
 from ._checks import check_kernel_dtype, check_ndim, check_same_device
 
 _OP = "rotary"
 
 #: Whether the installed Liger can rotate fewer channels than the head dim.
-SUPPORTS_PARTIAL = "rotary_dim" in inspect.signature(LigerRopeFunction.forward).parameters
+SUPPORTS_PARTIAL = "rotary_dim" in inspect.signature(rope_forward).parameters
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> int:
@@ -70,12 +73,12 @@ def _check(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
     return r
 
 
-def _private_copy_if_aliased(x: torch.Tensor) -> torch.Tensor:
-    """x itself if Liger will copy it anyway, else a [B, S, H, D]-contiguous copy seen as [B, H, S, D].
+def _private_bshd(x: torch.Tensor) -> torch.Tensor:
+    """x as [B, H, S, D], backed by a ``[B, S, H, D]``-contiguous buffer no one else holds.
 
-    Liger works in place on ``x.transpose(1, 2).contiguous()``; when that is already
-    contiguous it would be x's own storage. The copy is differentiable (autograd passes the
-    gradient straight through it).
+    Liger rotates ``x.transpose(1, 2).contiguous()`` in place; when that is already
+    contiguous it is x's own storage, so copy it; otherwise Liger's ``contiguous()`` copies
+    and x is passed as it is.
     """
     xt = x.transpose(1, 2)
     if xt.is_contiguous():
@@ -83,17 +86,29 @@ def _private_copy_if_aliased(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+class _LigerRope(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int | None):
+        kw = {} if rotary_dim is None else {"rotary_dim": rotary_dim}
+        oq, ok, cos, sin = rope_forward(_private_bshd(q), _private_bshd(k), cos, sin, **kw)
+        ctx.save_for_backward(cos, sin)
+        ctx.rotary_dim = rotary_dim
+        return oq, ok
+
+    @staticmethod
+    def backward(ctx, dq: torch.Tensor, dk: torch.Tensor):
+        cos, sin = ctx.saved_tensors
+        kw = {} if ctx.rotary_dim is None else {"rotary_dim": ctx.rotary_dim}
+        dq, dk = rope_backward(_private_bshd(dq), _private_bshd(dk), cos, sin, **kw)
+        return dq, dk, None, None, None
+
+
 def _apply(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if cos.dtype != q.dtype:
         cos, sin = cos.to(q.dtype), sin.to(q.dtype)
-    q = _private_copy_if_aliased(q)
-    k = _private_copy_if_aliased(k)
-    if rotary_dim is None:
-        return LigerRopeFunction.apply(q, k, cos, sin)
-    # Positional: (q, k, cos, sin, position_ids, unsqueeze_dim, rotary_dim).
-    return LigerRopeFunction.apply(q, k, cos, sin, None, 1, rotary_dim)
+    return _LigerRope.apply(q, k, cos, sin, rotary_dim)
 
 
 def apply_rotary_full(
