@@ -1,0 +1,253 @@
+"""attention kernels (eager, sdpa): transformers' own functions with the masks transformers
+builds, float64 reference forward and backward (GQA, causal, padding, window, softcap),
+dropout, errors."""
+
+import pytest
+import torch
+from veomni_ops.backends import reference
+from veomni_ops.kernels.attention import eager_attention, sdpa_attention
+
+KERNELS = {"eager": eager_attention, "sdpa": sdpa_attention}
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+class Attn(torch.nn.Module):
+    """The attributes transformers' attention functions read from the module."""
+
+    def __init__(self, hq, hk, d, causal=True):
+        super().__init__()
+        self.num_key_value_groups = hq // hk
+        self.head_dim = d
+        self.is_causal = causal
+
+
+def spec(name):
+    return next(s for s in reference.attention() if s.name == name)
+
+
+def qkv(b, hq, hk, s, d, dtype, seed, sk=None):
+    g = torch.Generator().manual_seed(seed)
+    sk = sk or s
+    q = torch.randn(b, hq, s, d, generator=g).to(dtype).requires_grad_()
+    k = torch.randn(b, hk, sk, d, generator=g).to(dtype).requires_grad_()
+    v = torch.randn(b, hk, sk, d, generator=g).to(dtype).requires_grad_()
+    return q, k, v
+
+
+def hf_masks(impl, b, s, padding=None, sliding_window=None, position_ids=None):
+    from transformers import Qwen3Config
+    from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+
+    cfg = Qwen3Config(hidden_size=16, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                      sliding_window=sliding_window, use_sliding_window=sliding_window is not None)
+    cfg._attn_implementation = impl
+    fn = create_sliding_window_causal_mask if sliding_window else create_causal_mask
+    if position_ids is None:
+        position_ids = torch.arange(s)[None].expand(b, s)
+    return fn(config=cfg, inputs_embeds=torch.zeros(b, s, 16), attention_mask=padding,
+              past_key_values=None, position_ids=position_ids)
+
+
+def allowed(b, s, sk, causal, padding=None, window=None, segments=None):
+    """Boolean [B, 1, S, Sk] of what each query may see, from first principles."""
+    qp = torch.arange(sk - s, sk)[:, None]
+    kp = torch.arange(sk)[None]
+    ok = torch.ones(s, sk, dtype=torch.bool)
+    if causal:
+        ok &= kp <= qp
+    if window is not None:
+        ok &= kp > qp - window
+    ok = ok[None, None].expand(b, 1, s, sk).clone()
+    if padding is not None:
+        ok &= padding.bool()[:, None, None, :]
+    if segments is not None:
+        ok &= segments[:, None, :, None] == segments[:, None, None, :]
+    return ok
+
+
+def ref64(q, k, v, ok, scaling, softcap=None):
+    q, k, v = q.double(), k.double(), v.double()
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    scores = q @ k.transpose(-1, -2) * scaling
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    scores = scores.masked_fill(~ok, float("-inf"))
+    return (torch.softmax(scores, -1) @ v).transpose(1, 2)
+
+
+MASK_CASES = ["causal_none", "causal_padding", "sliding_window", "packed"]
+
+
+def case_inputs(case, impl, b, s):
+    padding = window = segments = position_ids = None
+    if case == "causal_padding":
+        padding = torch.ones(b, s, dtype=torch.long)
+        padding[0, :3] = 0  # left padding
+        padding[-1, -2:] = 0  # right padding
+    if case == "sliding_window":
+        window = 3
+    if case == "packed":
+        position_ids = torch.tensor([[0, 1, 2, 0, 1, 2, 3], [0, 1, 2, 3, 4, 0, 1]])[:b, :s]
+        segments = torch.cumsum(position_ids == 0, dim=1)
+    mask = hf_masks(impl, b, s, padding, window, position_ids)
+    ok = allowed(b, s, s, True, padding, window, segments)
+    return mask, ok, window
+
+
+@pytest.mark.parametrize("kernel", ["eager", "sdpa"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", MASK_CASES)
+def test_vs_float64(kernel, dtype, case):
+    b, hq, hk, s, d = 2, 4, 2, 7, 8
+    q, k, v = qkv(b, hq, hk, s, d, dtype, seed=len(case))
+    mask, ok, window = case_inputs(case, kernel, b, s)
+    if case == "causal_none":
+        assert mask is None or kernel == "eager"
+    out, weights = KERNELS[kernel](Attn(hq, hk, d), q, k, v, mask, scaling=d**-0.5, sliding_window=window)
+    assert out.shape == (b, s, hq, d) and out.dtype == dtype
+    assert (weights is None) == (kernel == "sdpa")
+    gy = torch.randn(b, s, hq, d).to(dtype)
+    rows = ok.any(-1).squeeze(1)  # queries that see at least one key (others are padding)
+    gy = gy * rows[:, :, None, None]
+    grads = torch.autograd.grad(out, (q, k, v), gy)
+    ins64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    # Fully masked (padding) queries: let the reference see everything there, and give them no gradient.
+    out64 = ref64(*ins64, ok | ~rows[:, None, :, None], d**-0.5) * rows[:, :, None, None]
+    grads64 = torch.autograd.grad(out64, ins64, gy.double())
+    tol = spec(kernel).tolerance(str(dtype))
+    torch.testing.assert_close((out * rows[:, :, None, None]).double(), out64, rtol=tol.rtol, atol=tol.atol)
+    for what, g, g64 in zip("qkv", grads, grads64):
+        torch.testing.assert_close(g.double(), g64, rtol=tol.rtol, atol=tol.atol, msg=f"grad {what}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", MASK_CASES)
+def test_equal_to_transformers(dtype, case):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.models.qwen3.modeling_qwen3 import eager_attention_forward
+
+    b, hq, hk, s, d = 2, 4, 2, 7, 8
+    q, k, v = qkv(b, hq, hk, s, d, dtype, seed=3)
+    mod = Attn(hq, hk, d).eval()
+    for impl, ours, theirs in (("eager", eager_attention, eager_attention_forward),
+                               ("sdpa", sdpa_attention, sdpa_attention_forward)):
+        mask, _, window = case_inputs(case, impl, b, s)
+        a_out, a_w = ours(mod, q, k, v, mask, dropout=0.0, scaling=d**-0.5, sliding_window=window)
+        b_out, b_w = theirs(mod, q, k, v, mask, dropout=0.0, scaling=d**-0.5, sliding_window=window)
+        assert torch.equal(a_out, b_out), impl
+        if impl == "eager":
+            assert torch.equal(a_w, b_w)
+        g = torch.randn_like(a_out)
+        ga = torch.autograd.grad(a_out, (q, k, v), g)
+        gb = torch.autograd.grad(b_out, (q, k, v), g)
+        for x, y in zip(ga, gb):
+            assert torch.equal(x, y), impl
+
+
+def test_softcap_eager_matches_gemma2_and_float64_and_sdpa_refuses():
+    from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward as gemma2_eager
+
+    b, hq, hk, s, d = 1, 2, 1, 6, 8
+    q, k, v = qkv(b, hq, hk, s, d, torch.float32, seed=4)
+    q = (q * 6).detach().requires_grad_()  # large scores, so the cap matters
+    mask = hf_masks("eager", b, s)
+    mod = Attn(hq, hk, d).eval()
+    ours, w = eager_attention(mod, q, k, v, mask, softcap=5.0)
+    theirs, w2 = gemma2_eager(mod, q, k, v, mask, softcap=5.0)
+    assert torch.equal(ours, theirs) and torch.equal(w, w2)
+    ref = ref64(q, k, v, allowed(b, s, s, True), d**-0.5, softcap=5.0)
+    torch.testing.assert_close(ours.double(), ref, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(ours.double(), ref64(q, k, v, allowed(b, s, s, True), d**-0.5), atol=1e-3)
+    with pytest.raises(ValueError, match="attn_implementation: eager"):
+        sdpa_attention(mod, q, k, v, None, softcap=5.0)
+
+
+def test_causal_without_mask_and_non_causal():
+    b, hq, hk, s, d = 2, 4, 1, 5, 8
+    q, k, v = qkv(b, hq, hk, s, d, torch.float64, seed=5)
+    for kernel in KERNELS.values():
+        out, _ = kernel(Attn(hq, hk, d), q, k, v, None)
+        torch.testing.assert_close(out, ref64(q, k, v, allowed(b, s, s, True), d**-0.5))
+        out, _ = kernel(Attn(hq, hk, d, causal=False), q, k, v, None)
+        torch.testing.assert_close(out, ref64(q, k, v, allowed(b, s, s, False), d**-0.5))
+        out, _ = kernel(Attn(hq, hk, d), q, k, v, None, is_causal=False)  # kwarg wins over the module
+        torch.testing.assert_close(out, ref64(q, k, v, allowed(b, s, s, False), d**-0.5))
+
+
+def test_decode_step_and_boolean_mask_in_eager():
+    b, hq, hk, d = 2, 2, 2, 8
+    q, k, v = qkv(b, hq, hk, 1, d, torch.float64, seed=6, sk=6)
+    ok = torch.ones(b, 1, 1, 6, dtype=torch.bool)
+    ok[1, ..., :2] = False
+    for kernel in KERNELS.values():
+        out, _ = kernel(Attn(hq, hk, d), q, k, v, ok)
+        torch.testing.assert_close(out, ref64(q, k, v, ok, d**-0.5))
+        out, _ = kernel(Attn(hq, hk, d), q, k, v, None)  # one query sees all cached keys
+        torch.testing.assert_close(out, ref64(q, k, v, torch.ones_like(ok), d**-0.5))
+
+
+def test_non_contiguous_inputs():
+    b, hq, hk, s, d = 2, 4, 2, 6, 8
+    q = torch.randn(b, s, hq, d).transpose(1, 2)  # as the projections give them
+    k = torch.randn(b, s, hk, d).transpose(1, 2)
+    v = torch.randn(b, s, hk, d).transpose(1, 2)
+    mask = hf_masks("eager", b, s)
+    for name, kernel in KERNELS.items():
+        m = mask if name == "eager" else None
+        a, _ = kernel(Attn(hq, hk, d), q, k, v, m)
+        c, _ = kernel(Attn(hq, hk, d), q.contiguous(), k.contiguous(), v.contiguous(), m)
+        torch.testing.assert_close(a, c, rtol=1e-6, atol=1e-6)
+
+
+def test_dropout_follows_transformers():
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.models.qwen3.modeling_qwen3 import eager_attention_forward
+
+    b, hq, hk, s, d = 1, 2, 1, 8, 8
+    q, k, v = qkv(b, hq, hk, s, d, torch.float32, seed=7)
+    mask = hf_masks("eager", b, s)
+    mod = Attn(hq, hk, d).train()
+    torch.manual_seed(0)
+    a, wa = eager_attention(mod, q, k, v, mask, dropout=0.5, scaling=d**-0.5)
+    torch.manual_seed(0)
+    c, wc = eager_attention_forward(mod, q, k, v, mask, dropout=0.5, scaling=d**-0.5)
+    assert torch.equal(a, c) and torch.equal(wa, wc)
+    no_drop, _ = eager_attention(mod, q, k, v, mask, scaling=d**-0.5)
+    assert not torch.allclose(a, no_drop)  # dropout was applied
+    mod.eval()  # eager drops only in training, as transformers
+    torch.testing.assert_close(eager_attention(mod, q, k, v, mask, dropout=0.5, scaling=d**-0.5)[0], no_drop)
+    mod.train()
+    torch.manual_seed(1)
+    a, _ = sdpa_attention(mod, q, k, v, None, dropout=0.5)
+    torch.manual_seed(1)
+    c, _ = sdpa_attention_forward(mod, q, k, v, None, dropout=0.5)
+    assert torch.equal(a, c)
+
+
+def test_gradcheck_eager_float64():
+    b, hq, hk, s, d = 1, 2, 1, 4, 3
+    q, k, v = qkv(b, hq, hk, s, d, torch.float64, seed=8)
+    mask = hf_masks("eager", b, s).double()
+    mod = Attn(hq, hk, d)
+    assert torch.autograd.gradcheck(lambda a, b_, c: eager_attention(mod, a, b_, c, mask)[0], (q, k, v))
+    assert torch.autograd.gradcheck(lambda a, b_, c: sdpa_attention(mod, a, b_, c, None)[0], (q, k, v))
+
+
+def test_errors():
+    q, k, v = qkv(1, 3, 2, 4, 8, torch.float32, seed=9)
+    mod = Attn(4, 2, 8)
+    for kernel in KERNELS.values():
+        with pytest.raises(ValueError, match="not a multiple"):
+            kernel(mod, q, k, v, None)
+        q4 = torch.randn(1, 4, 4, 8)
+        with pytest.raises(ValueError, match="4-D mask"):
+            kernel(mod, q4, k, v, torch.ones(1, 4, dtype=torch.bool))
+        with pytest.raises(ValueError, match="4-D"):
+            kernel(mod, q4[0], k, v, None)
+        with pytest.raises(TypeError, match="dtypes differ"):
+            kernel(mod, q4.double(), k, v, None)
+        with pytest.raises(ValueError, match="sinks"):
+            kernel(mod, q4, k, v, None, s_aux=torch.zeros(4))
+        with pytest.raises(TypeError, match="boolean"):
+            kernel(mod, q4, k, v, torch.ones(1, 1, 4, 4, dtype=torch.long))
