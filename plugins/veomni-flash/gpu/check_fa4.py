@@ -469,7 +469,7 @@ def peak_gib(fn) -> float | None:
 
 
 def bench() -> None:
-    b, s = (2, 128) if ARGS.smoke else (4, 4096)
+    b, s = (1, 64) if ARGS.smoke else (4, 4096)
     preset = "smoke" if ARGS.smoke else "anchors_b4_s4096"
     shape = f"B={b},S={s},Hq={HQ},Hk={HK},D={D},causal"
     fwd_flops = 4 * b * HQ * s * s * D / 2

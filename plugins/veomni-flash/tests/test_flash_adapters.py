@@ -320,6 +320,8 @@ def test_bad_inputs_raise_with_fix(version):
         fn(Attn(), q.float(), k.float(), v.float(), None)
     with pytest.raises(ValueError, match="2-D \\[batch, seq\\] padding mask.*register_attention"):
         fn(Attn(), q, k, v, torch.zeros(1, 1, 5, 5, dtype=torch.bool))
+    with pytest.raises(ValueError, match="padding mask tensor or None, got list"):
+        fn(Attn(), q, k, v, [[1, 1, 1, 1, 1]])
     with pytest.raises(ValueError, match="multiple of key/value heads"):
         fn(Attn(), q[:, :3], k, v, None)
     with pytest.raises(ValueError, match="4-D tensor"):

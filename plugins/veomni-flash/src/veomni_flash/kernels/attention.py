@@ -175,6 +175,11 @@ def flash_attention_forward(
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     position_ids = kwargs.get("position_ids")
 
+    if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):
+        raise _fail(
+            backend,
+            f"attention_mask must be a 2-D [batch, seq] padding mask tensor or None, got {type(attention_mask).__name__}",
+        )
     if attention_mask is not None and attention_mask.dim() != 2:
         raise _fail(
             backend,
