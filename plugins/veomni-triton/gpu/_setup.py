@@ -18,12 +18,14 @@ for mod, path in (("veomni_ops", CORE_SRC), ("veomni_triton", PLUGIN_SRC)):
     if importlib.util.find_spec(mod) is None and os.path.isdir(path):
         sys.path.insert(0, path)
 
-#: VEOMNI_GPU_SMOKE=1 (with TRITON_INTERPRET=1): run the scripts' plumbing on the CPU with tiny
+#: TRITON_INTERPRET=1 VEOMNI_GPU_SMOKE=1: run the scripts' plumbing on the CPU with tiny
 #: shapes, so that a script is known to run end to end before it goes to a GPU. Not a measurement.
 SMOKE = os.environ.get("VEOMNI_GPU_SMOKE", "0") == "1"
 
 if SMOKE:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+    # must be in the environment before anything imports triton (import order is not ours to fix)
+    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        sys.exit("a smoke run needs the interpreter: run with TRITON_INTERPRET=1 VEOMNI_GPU_SMOKE=1")
 elif os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
     sys.exit("unset TRITON_INTERPRET: these scripts measure the compiled kernels on a CUDA GPU")
 
