@@ -80,7 +80,7 @@ DEVICE = "cpu" if ARGS.smoke else "cuda"
 DTYPE = torch.bfloat16
 HQ, HK, D = (8, 2, 16) if ARGS.smoke else (32, 8, 128)
 
-RESULTS: dict[str, Any] = {"meta": {}, "checks": [], "bench": [], "bench_details": [], "errors": []}
+RESULTS: dict[str, Any] = {"meta": {}, "checks": [], "bench": [], "bench_details": [], "errors": [], "notes": []}
 
 
 def write_json() -> None:
@@ -139,8 +139,8 @@ def core_eager():
         from veomni_ops.kernels.attention import eager_attention
 
         return eager_attention, "veomni_ops.kernels.attention.eager_attention"
-    except Exception as e:  # keep the script useful when the core is older/newer
-        RESULTS["errors"].append({"where": "import core eager", "error": repr(e)})
+    except Exception as e:  # keep the script useful when the core (or pluggy/pyyaml) is missing
+        RESULTS["notes"].append(f"core eager not importable ({e!r}); using a local eager with the same math")
 
         def local_eager(module, q, k, v, mask, *, scaling=None, softcap=None, **_):
             rep = q.shape[1] // k.shape[1]
@@ -380,10 +380,16 @@ def check_all() -> None:
     fa4 = load_fa4()
     eager, eager_name = core_eager()
     RESULTS["meta"]["eager"] = eager_name
-    from veomni_flash.specs import attention as attention_specs
+    try:
+        from veomni_flash.specs import attention as attention_specs
 
-    spec = next(sp for sp in attention_specs() if sp.name == "flash_attention_4")
-    tol = spec.tolerance("bfloat16")
+        spec = next(sp for sp in attention_specs() if sp.name == "flash_attention_4")
+        tol = spec.tolerance("bfloat16")
+    except Exception as e:  # the spec module needs veomni_ops (pluggy, packaging)
+        from types import SimpleNamespace
+
+        tol = SimpleNamespace(atol=3e-2, rtol=3e-2)
+        RESULTS["notes"].append(f"veomni_flash.specs not importable ({e!r}); spec tolerance taken as 3e-2/3e-2")
     RESULTS["meta"]["spec_tolerance_bf16"] = [tol.atol, tol.rtol]
     wanted = {x for x in ARGS.cases.split(",") if x}
     for c in cases():
