@@ -1,0 +1,231 @@
+"""``veomni_ops.apply`` on every supported transformers model: survey, eager and auto numerics.
+
+Each model is tiny, float32, random weights. The reference is the same model unpatched
+(``copy.deepcopy`` taken before ``apply``), run by transformers itself.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+import veomni_ops
+from models_support import (
+    ALL_EAGER,
+    AUX_LOSS_MODELS,
+    MODELS,
+    MOE_MODELS,
+    OFFSET_MODELS,
+    assert_grads_close,
+    batch,
+    build,
+    pair,
+)
+from veomni_ops.binding import BindingError, survey
+from veomni_ops.config import OpsConfig
+from veomni_ops.resolve import resolve
+
+# float32 end to end; the patched graph differs from transformers' only in op order
+# (eager vs sdpa attention, chunked vs plain CE), so differences are a few ulps.
+LOSS_TOL = dict(atol=1e-5, rtol=1e-5)
+LOGIT_TOL = dict(atol=1e-5, rtol=1e-5)
+GRAD_TOL = dict(atol=1e-5, rtol=1e-4)
+
+
+def _kw(name: str) -> dict:
+    return {"output_router_logits": True} if name in AUX_LOSS_MODELS else {}
+
+
+# ------------------------------------------------------------------------------------------
+# survey
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_survey_finds_expected_places(name):
+    model = build(name)
+    places = survey(model)
+    by_op = Counter(p.op for p in places)
+    variants: dict[str, set] = {}
+    paths: dict[str, list[str]] = {}
+    for p in places:
+        variants.setdefault(p.op, set()).add(p.variant)
+        paths.setdefault(p.op, []).append(p.path)
+
+    # RMSNorm: every decoder norm, standard or offset by model.
+    norm_variant = "offset" if name in OFFSET_MODELS else "standard"
+    assert variants["rms_norm"] == {norm_variant}
+    n_norms = sum(1 for m in model.modules() if type(m).__name__.endswith("RMSNorm"))
+    assert by_op["rms_norm"] == n_norms > 0
+
+    # Rotary: partial for Qwen3.5/Qwen3-Next (partial_rotary_factor 0.25), full elsewhere,
+    # on every attention layer that applies it (hybrids have one full-attention layer).
+    n_attn = 1 if name in OFFSET_MODELS else 2
+    if name == "deepseek_v3":
+        # rope_interleave=True (the default) routes through apply_rotary_pos_emb_interleave,
+        # a layout the rotary contract does not have: no place.
+        assert "rotary" not in by_op
+    else:
+        assert variants["rotary"] == {"partial" if name in OFFSET_MODELS else "full"}
+        assert by_op["rotary"] == n_attn
+    rot = [p for p in places if p.op == "rotary"]
+    for p in rot:
+        head_dim = p.module.head_dim
+        assert (p.info["rot_dim"] < head_dim) == (name in OFFSET_MODELS)
+
+    # Attention: every decoder attention layer (+ the vision tower's for Qwen2-VL).
+    assert by_op["attention"] == n_attn + (1 if name == "qwen2_vl" else 0)
+
+    # Experts and aux loss.
+    if name in MOE_MODELS:
+        assert by_op["moe_experts"] == (1 if name == "deepseek_v3" else 2)
+    else:
+        assert "moe_experts" not in by_op
+    assert ("load_balancing_loss" in by_op) == (name in AUX_LOSS_MODELS)
+
+    # SwiGLU: dense MLPs and shared experts; none in Qwen3-MoE (every layer is sparse).
+    if name == "qwen3_moe":
+        assert "swiglu" not in by_op
+    else:
+        assert by_op["swiglu"] == 2
+
+    # The causal-LM head: fused linear preferred, logits as the alternative.
+    assert variants["cross_entropy"] == {("fused_linear", "logits")}
+    assert paths["cross_entropy"] == [""]
+
+
+# ------------------------------------------------------------------------------------------
+# eager: the plan reproduces transformers
+# ------------------------------------------------------------------------------------------
+
+
+def _check_against_transformers(name: str, config, registry, expect_logits_with_labels: bool):
+    ref, model = pair(name)
+    binding = veomni_ops.apply(model, config, registry=registry, device="cpu")
+    assert binding.plan.device.type == "cpu"
+    b = batch()
+    kw = _kw(name)
+
+    # Logits without labels.
+    with torch.no_grad():
+        r = ref(input_ids=b["input_ids"], attention_mask=b["attention_mask"], **kw)
+        g = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], **kw)
+    keep = b["attention_mask"].bool()  # padded positions attend to nothing: implementation-defined
+    torch.testing.assert_close(g.logits[keep], r.logits[keep], **LOGIT_TOL)
+    if name in AUX_LOSS_MODELS:
+        torch.testing.assert_close(g.aux_loss, r.aux_loss, **LOSS_TOL)
+
+    # Loss (ignore_index labels, padding), aux loss, and every parameter's gradient.
+    r = ref(**b, **kw)
+    g = model(**b, **kw)
+    assert (g.logits is not None) == expect_logits_with_labels
+    torch.testing.assert_close(g.loss, r.loss, **LOSS_TOL)
+    if name in AUX_LOSS_MODELS:
+        assert g.aux_loss is not None
+        torch.testing.assert_close(g.aux_loss, r.aux_loss, **LOSS_TOL)
+    r.loss.backward()
+    g.loss.backward()
+    assert assert_grads_close(ref, model, **GRAD_TOL) > 10
+
+    # num_items_in_batch (gradient accumulation): sum / num_items, as transformers.
+    with torch.no_grad():
+        n = torch.tensor(37)
+        r = ref(**b, num_items_in_batch=n, **kw)
+        g = model(**b, num_items_in_batch=n, **kw)
+    torch.testing.assert_close(g.loss, r.loss, **LOSS_TOL)
+    return binding
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_all_eager_matches_transformers(name, registry):
+    binding = _check_against_transformers(name, ALL_EAGER, registry, expect_logits_with_labels=False)
+    kernels = {(e.op, e.variant): e.kernel for e in binding.plan.entries}
+    assert set(kernels.values()) == {"eager"}
+    # Every place got a kernel; the causal-LM loss took the fused_linear eager reference.
+    assert len(binding.bound) == len(survey(build(name)))
+    assert ("cross_entropy", "fused_linear") in kernels
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_auto_matches_transformers(name, registry):
+    binding = _check_against_transformers(name, {}, registry, expect_logits_with_labels=False)
+    kernels = {(e.op, e.variant): e.kernel for e in binding.plan.entries}
+    # auto: the portable kernels where they apply (grouped_mm is bfloat16-only: eager in float32).
+    assert kernels[("cross_entropy", "fused_linear")] == "chunked"
+    assert kernels[("attention", "standard")] == "sdpa"
+    if name in MOE_MODELS:
+        assert kernels[("moe_experts", "standard")] == "eager"
+        assert "bfloat16" in binding.plan.get("moe_experts", "standard").reason  # grouped_mm passed over: dtype
+
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_next"])
+def test_logits_variant_plan_returns_logits(name, registry):
+    """A plan that only has the logits CE variant: logits come back with the loss."""
+    ref, model = pair(name)
+    needs = {op: [v for v in vs] for op, vs in _needs(model).items()}
+    needs["cross_entropy"] = ["logits"]
+    plan = resolve(OpsConfig(**ALL_EAGER), "cpu", needs=needs, registry=registry, dtype="float32")
+    veomni_ops.apply(model, plan)
+    b = batch()
+    r, g = ref(**b, **_kw(name)), model(**b, **_kw(name))
+    assert g.logits is not None
+    keep = b["attention_mask"].bool()
+    torch.testing.assert_close(g.logits[keep], r.logits[keep], **LOGIT_TOL)
+    torch.testing.assert_close(g.loss, r.loss, **LOSS_TOL)
+    r.loss.backward()
+    g.loss.backward()
+    assert_grads_close(ref, model, **GRAD_TOL)
+
+
+def _needs(model):
+    from veomni_ops.binding import _needs as needs_of
+
+    return needs_of(survey(model))
+
+
+def test_all_ignored_labels_loss_is_nan_like_transformers(registry):
+    """Every label ignore_index: transformers' mean CE is 0/0 = nan; so is ours (both paths)."""
+    for cfg in (ALL_EAGER, {}):
+        ref, model = pair("qwen3")
+        veomni_ops.apply(model, cfg, registry=registry, device="cpu")
+        b = batch()
+        b["labels"][:] = -100
+        r, g = ref(**b), model(**b)
+        assert torch.isnan(r.loss) and torch.isnan(g.loss)
+
+
+# ------------------------------------------------------------------------------------------
+# what the model has no place for
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "field", "value"),
+    [
+        ("qwen3", "moe_implementation", "grouped_mm"),
+        ("llama", "load_balancing_loss_implementation", "counting"),
+        ("qwen3_moe", "swiglu_mlp_implementation", "counting"),
+        ("deepseek_v3", "load_balancing_loss_implementation", "counting"),
+        ("deepseek_v3", "rotary_pos_emb_implementation", "counting"),
+    ],
+)
+def test_non_eager_op_without_place_raises(name, field, value, registry):
+    model = build(name)
+    with pytest.raises(BindingError) as ei:
+        veomni_ops.apply(model, {field: value}, registry=registry, device="cpu")
+    msg = str(ei.value)
+    assert f"{field}={value!r}" in msg
+    assert "'auto' or 'eager'" in msg
+    # Nothing was bound.
+    assert not hasattr(model, "veomni_ops_binding")
+    # auto and eager are fine there: the op is simply not bound.
+    for ok in ("auto", "eager"):
+        b = veomni_ops.apply(build(name), {field: ok}, registry=registry, device="cpu")
+        assert b.plan.entries
+
+
+def test_dense_model_auto_binds_no_experts(registry):
+    b = veomni_ops.apply(build("qwen3"), {}, registry=registry, device="cpu")
+    assert "moe_experts" not in b.summary() and "load_balancing_loss" not in b.summary()
+    assert all(e.op not in ("moe_experts", "load_balancing_loss") for e in b.plan.entries)
