@@ -14,7 +14,7 @@ Design (memory bound: the goal is one read of x and one write of y):
   row lives in registers, one pass. ``ROWS > 1`` only for narrow rows (q/k norms, H=128),
   so that a program still moves a few KiB. The fp32 ``rstd`` of every row is stored (4 bytes
   a row) so that backward need not recompute the reduction.
-* Backward, two launches and no atomics: (1) ``G ≈ 2-4 x #SMs`` programs each walk a
+* Backward, two launches and no atomics: (1) ``G ≈ 1-4 x #SMs`` programs each walk a
   contiguous strip of rows, write ``dx`` and keep a private fp32 partial sum of ``dw``; the
   next row is loaded before the current one is reduced, so two rows per program are in
   flight. (2) a small kernel sums the ``G`` partials column by column in a fixed order. The
@@ -161,17 +161,35 @@ def fwd_config(m: int, n: int, batch_invariant: bool, sms: int) -> tuple[int, in
 def bwd_config(m: int, n: int, sms: int) -> tuple[int, int, int, int]:
     """(BLOCK_N, ROWS, num_warps, programs) of the backward kernel.
 
-    Few programs (2 per SM for wide rows) keep the fp32 dw partials small (G*N*4 bytes);
-    two row blocks in flight per program plus 16 warps hide the memory latency.
+    A program keeps its tile of x, dy, the next tile (prefetch), w and the dw accumulator
+    in registers: about 6 registers per element a thread holds, plus overhead. The grid
+    is sized so that every program is resident at once (no second wave: a program's
+    strip of rows is sequential): with ~16 elements a thread, a 4096-element tile on 8
+    warps needs ~120 registers a thread, so two such programs fit an SM's 64 Ki
+    registers; an 8192-element tile on 16 warps fits once. Few programs also keep the fp32
+    dw partials small (programs * N * 4 bytes, ~1-2% of the bytes moved).
     """
     block_n = next_pow2(n)
     rows = max(1, min(64, 4096 // block_n))
     tile = rows * block_n
-    warps = 16 if tile >= 4096 else _warps_for(tile)
-    per_sm = 2 if block_n >= 4096 else 4
+    if tile <= 2048:
+        warps, per_sm = 4, 4
+    elif tile <= 4096:
+        warps, per_sm = 8, 2
+    else:
+        warps, per_sm = 16, 1
     n_blocks = triton.cdiv(m, rows)
     programs = max(1, min(n_blocks, per_sm * sms))
     return block_n, rows, warps, programs
+
+
+def column_sum_config(g: int, n: int) -> tuple[int, int, int]:
+    """(BLOCK_G, BLOCK_C, num_warps) of the dw reduction: all G partials of a column strip
+    in one load round (G is ~1-4x #SMs), and enough strips to spread over the SMs."""
+    block_g = min(512, next_pow2(g))
+    block_c = 16 if n >= 1024 else 8
+    warps = 8 if block_g * block_c >= 4096 else 4
+    return block_g, block_c, warps
 
 
 # ---------------------------------------------------------------- custom ops
@@ -218,9 +236,9 @@ def _rms_norm_bwd(
             dy, x, weight, rstd, dx, partial, m, n, dy.stride(0), x.stride(0), dx.stride(0), blocks_per_prog,
             OFFSET=offset, ROWS=rows, BLOCK_N=block_n, num_warps=warps,
         )
-        block_c = 32
+        block_g, block_c, warps_c = column_sum_config(programs, n)
         _column_sum_kernel[(triton.cdiv(n, block_c),)](
-            partial, dw, programs, n, BLOCK_G=128, BLOCK_C=block_c, num_warps=4,
+            partial, dw, programs, n, BLOCK_G=block_g, BLOCK_C=block_c, num_warps=warps_c,
         )
     return dx, dw
 
