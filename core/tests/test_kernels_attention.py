@@ -173,6 +173,10 @@ def test_causal_without_mask_and_non_causal():
         torch.testing.assert_close(out, ref64(q, k, v, allowed(b, s, s, False), d**-0.5))
         out, _ = kernel(Attn(hq, hk, d), q, k, v, None, is_causal=False)  # kwarg wins over the module
         torch.testing.assert_close(out, ref64(q, k, v, allowed(b, s, s, False), d**-0.5))
+        out, _ = kernel(Attn(hq, hk, d), q, k, v, None, sliding_window=2)  # no mask: the window still holds
+        torch.testing.assert_close(out, ref64(q, k, v, allowed(b, s, s, True, window=2), d**-0.5))
+        out, _ = kernel(Attn(hq, hk, d), q, k, v, None, sliding_window=8)  # window longer than the sequence
+        torch.testing.assert_close(out, ref64(q, k, v, allowed(b, s, s, True), d**-0.5))
 
 
 def test_decode_step_and_boolean_mask_in_eager():

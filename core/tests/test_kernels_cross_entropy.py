@@ -153,6 +153,21 @@ def test_custom_ignore_index_and_non_contiguous_hidden():
         assert torch.allclose(fn(hidden, weight, labels, ignore_index=7).double(), ref, rtol=1e-5)
 
 
+def test_chunked_weight_grad_in_vocabulary_slices(monkeypatch):
+    import veomni_ops.kernels.cross_entropy as ce
+
+    torch.manual_seed(6)
+    hidden = torch.randn(21, 8, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(37, 8, dtype=torch.float64, requires_grad=True)
+    labels = make_labels(21, 37)
+    expected = torch.autograd.grad(flce_ref64(hidden, weight, labels), (hidden, weight))
+    monkeypatch.setattr(ce, "WEIGHT_GRAD_SLICE_BYTES", 5 * 8 * 8)  # 5 vocabulary rows per slice
+    got = torch.autograd.grad(ce.chunked_fused_linear_cross_entropy_sum(hidden, weight, labels, chunk_size=4),
+                              (hidden, weight))
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b)
+
+
 def test_chunked_only_grads_that_are_asked_for_and_no_grad_mode():
     torch.manual_seed(4)
     hidden = torch.randn(20, 8, requires_grad=True)

@@ -164,3 +164,11 @@ def test_errors():
         moe_experts_grouped_mm(xs, idxs, ws, gus, dns)
     with pytest.raises(TypeError, match="no float64"):
         moe_experts_grouped_mm(*[a.double() if a.is_floating_point() else a for a in (x, idx, w, gate_up, down)])
+
+
+def test_grouped_mm_no_tokens():
+    x, idx, w, gate_up, down = make(0, 8, 8, 3, 2, torch.float32, seed=5)
+    out = moe_experts_grouped_mm(x, idx, w, gate_up, down)
+    assert out.shape == (0, 8)
+    gu_grad, dn_grad = torch.autograd.grad(out.sum(), (gate_up, down))
+    assert torch.count_nonzero(gu_grad) == 0 and torch.count_nonzero(dn_grad) == 0

@@ -33,6 +33,9 @@ CHUNK_LOGITS_BUDGET_BYTES = 512 * 2**20
 MIN_CHUNKS = 8
 #: ...but no chunk is smaller than this many tokens (tiny matmuls waste the device).
 MIN_CHUNK_TOKENS = 32
+#: The weight-gradient product of a chunk is formed in vocabulary slices of at most this
+#: many bytes before it is added to the float32 accumulator, so no second [V, H] buffer exists.
+WEIGHT_GRAD_SLICE_BYTES = 256 * 2**20
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -150,6 +153,8 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         grad_weight = torch.zeros(weight.shape, dtype=compute, device=weight.device) if need_w else None
         grad_bias = torch.zeros(weight.shape[0], dtype=compute, device=weight.device) if need_b else None
         loss = torch.zeros((), dtype=compute, device=hidden.device)
+        vocab, width = weight.shape
+        v_slice = max(1, WEIGHT_GRAD_SLICE_BYTES // max(1, width * hidden.element_size()))
         for start in range(0, n, chunk_size):
             end = min(start + chunk_size, n)
             h = hidden[start:end]
@@ -159,7 +164,8 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             if need_h:
                 grad_hidden[start:end] = g_in @ weight
             if need_w:
-                grad_weight.add_(g_in.t() @ h)
+                for v0 in range(0, vocab, v_slice):
+                    grad_weight[v0 : v0 + v_slice].add_(g_in[:, v0 : v0 + v_slice].t() @ h)
             if need_b:
                 grad_bias.add_(g.sum(0))
             del g, g_in
@@ -174,10 +180,11 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         gh = gw = gb = None
         if grad_hidden is not None:
             gh = grad_hidden * grad_output.to(grad_hidden.dtype)
+        # Scale and cast in one pass (out= in the parameter dtype): no float32 [V, H] temporary.
         if grad_weight is not None:
-            gw = (grad_weight * grad_output).to(weight_dtype)
+            gw = torch.mul(grad_weight, grad_output, out=torch.empty_like(grad_weight, dtype=weight_dtype))
         if grad_bias is not None:
-            gb = (grad_bias * grad_output).to(bias_dtype)
+            gb = torch.mul(grad_bias, grad_output, out=torch.empty_like(grad_bias, dtype=bias_dtype))
         return gh, gw, gb, None, None, None
 
 
@@ -194,8 +201,10 @@ def chunked_fused_linear_cross_entropy_sum(
 
     Same result as :func:`fused_linear_cross_entropy_sum`. ``chunk_size`` (tokens per
     chunk) defaults to :func:`default_chunk_size`. Peak extra memory: one chunk's logits
-    (input dtype + float32), the float32 weight-gradient accumulator ``[V, H]`` and the
-    hidden gradient ``[N, H]``. The gradients are computed in the forward (which therefore
+    (input dtype + float32), the float32 weight-gradient accumulator ``[V, H]`` plus one
+    vocabulary slice of its update (:data:`WEIGHT_GRAD_SLICE_BYTES`), and the hidden
+    gradient ``[N, H]``. For N = 8192, H = 2560, V = 151,936 in bfloat16 that is about
+    2.8 GB against the ~16 GB eager holds. The gradients are computed in the forward (which therefore
     costs about what forward + backward cost eagerly) and kept until backward.
     """
     _check_linear(hidden, weight, labels, bias, ignore_index)

@@ -135,7 +135,9 @@ def _check_grouped(hidden_states: torch.Tensor, gate_up_proj: torch.Tensor) -> N
                 f"{_OP} 'grouped_mm': on CUDA torch._grouped_mm is only fast for bfloat16 (got {dtype}; other "
                 "dtypes take a host-synchronising loop); train in bfloat16 or set moe_implementation: eager"
             )
-        if not grouped_mm_available(device):
+        # The capability query is host-side Python; under torch.compile it was already checked eagerly
+        # at resolution time, so the traced graph skips it.
+        if not torch.compiler.is_compiling() and not grouped_mm_available(device):
             raise RuntimeError(
                 f"{_OP} 'grouped_mm': {torch.cuda.get_device_name(device)} is not compute capability 9.x/10.x, where "
                 "torch._grouped_mm falls back to a host-synchronising loop; set moe_implementation: eager "
