@@ -38,7 +38,7 @@ def make(t, h, i, e, k, dtype, seed, routing="random"):
     gate_up = (torch.randn(e, 2 * i, h, generator=g) / h**0.5).to(dtype).requires_grad_()
     down = (torch.randn(e, h, i, generator=g) / i**0.5).to(dtype).requires_grad_()
     if routing == "random":  # distinct experts per token, as a router's top-k gives
-        idx = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+        idx = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]) if t else torch.zeros(0, k).long()
     elif routing == "one_expert":
         idx = torch.full((t, k), e - 1)
     elif routing == "duplicates":
