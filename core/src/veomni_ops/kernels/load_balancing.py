@@ -4,12 +4,13 @@ Same value as transformers' ``load_balancing_loss_func`` (qwen3_moe, v5): per la
 router softmax and its top-k; over all layers and the tokens the attention mask keeps,
 ``f_e`` = top-k assignments to expert e per kept token and ``P_e`` = mean router
 probability; loss = ``num_experts * sum_e f_e * P_e``. Differences, all deliberate: the
-result is always a float32 tensor (float64 for float64 logits) (transformers returns the int ``0`` for a non-tuple
-input), a list is accepted as well as a tuple, an empty sequence is an error, the softmax
-runs in float32 whatever the logits' dtype, and the counts use ``scatter_add`` rather
-than ``bincount`` so the function traces under ``torch.compile(fullgraph=True)`` and
-never synchronises with the host. Gradients reach the logits through ``P`` only (the
-top-k counts are not differentiable), as in transformers.
+result is always a tensor, float32 (float64 for float64 logits), where transformers
+returns the int ``0`` for a non-tuple input; a list is accepted as well as a tuple; an
+empty sequence is an error; the softmax runs in float32 (transformers: in the logits'
+dtype); the counts use ``scatter_add`` rather than ``bincount``, so the function traces
+under ``torch.compile(fullgraph=True)`` and never synchronises with the host. Gradients
+reach the logits through ``P`` only (the top-k counts are not differentiable), as in
+transformers.
 """
 
 from __future__ import annotations
