@@ -1,0 +1,156 @@
+"""`veomni-ops bench`: result schema, Markdown rendering, formulas, device names, the plot switch."""
+
+import argparse
+import importlib.util
+import json
+
+import pytest
+import torch
+from conftest import make_plugin
+from veomni_ops import KernelSpec, build_registry
+from veomni_ops import bench as B
+from veomni_ops.backends import reference
+
+ROW_KEYS = {"op", "variant", "kernel", "distribution", "version", "preset", "shape", "dtype", "pass", "wall_ms",
+            "kernel_ms", "tbps", "tflops", "peak_gib"}
+
+
+def _mine(gate, up):
+    return torch.nn.functional.silu(gate) * up
+
+
+def registry():
+    mine = make_plugin("mine", swiglu=[KernelSpec(name="mine", op="swiglu", variant="standard",
+                                                  factory=lambda: _mine, dtypes=("float32",))])
+    return build_registry([("veomni-ops", reference), ("mine", mine)], include_entry_points=False, env={})
+
+
+def bench_args(**kw):
+    base = dict(list=False, plot=None, op="swiglu", preset=["cpu-small"], backend=None, passes=None, json=None,
+                from_file=None, warmup_ms=1.0, rep_ms=3.0, quiet=True, registry=registry(),
+                argv=["bench", "--preset", "cpu-small", "--op", "swiglu"])
+    base.update(kw)
+    return argparse.Namespace(**base)
+
+
+@pytest.fixture(scope="module")
+def result_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bench") / "cpu-test.json"
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny shapes: threads only add hand-off noise
+    try:
+        assert B.run(bench_args(json=str(path))) == 0
+    finally:
+        torch.set_num_threads(before)
+    return path
+
+
+def test_json_schema(result_file):
+    res = json.loads(result_file.read_text())
+    for key in ("device", "device_name", "ceilings", "versions", "command", "date", "rows", "presets", "formulas"):
+        assert key in res, key
+    assert res["device"] in ("cpu",) or res["device"]  # slug
+    assert set(res["ceilings"]) >= {"copy_tbps", "matmul_tflops"}
+    assert res["ceilings"]["copy_tbps"] > 0 and res["ceilings"]["matmul_tflops"] > 0
+    assert res["versions"]["torch"] == torch.__version__
+    assert "veomni-ops" in res["versions"]
+    assert res["command"] == "veomni-ops bench --preset cpu-small --op swiglu"
+    rows = res["rows"]
+    assert {(r["kernel"], r["pass"]) for r in rows} == {("eager", "fwd"), ("eager", "fwd+bwd"),
+                                                      ("mine", "fwd"), ("mine", "fwd+bwd")}
+    for r in rows:
+        assert ROW_KEYS <= set(r), ROW_KEYS - set(r)
+        assert r["error"] is None and r["wall_ms"] > 0
+        assert r["tbps"] > 0 and r["tflops"] is None  # swiglu is bandwidth-bound: TB/s
+        assert r["shape"] == {"tokens": 256, "intermediate": 1024} and r["dtype"] == "float32"
+        assert r["preset"] == "cpu-small" and r["op"] == "swiglu" and r["variant"] == "standard"
+        if torch.cuda.is_available():
+            assert r["kernel_ms"] > 0 and r["peak_gib"] > 0
+        else:
+            assert r["kernel_ms"] is None and r["peak_gib"] is None
+    eager = [r for r in rows if r["kernel"] == "eager"]
+    assert all(r["vs_eager"] == 1.0 for r in eager)
+    # TB/s is the op's minimal bytes over the measured time: 3·N·I·4 bytes forward
+    fwd = next(r for r in eager if r["pass"] == "fwd")
+    assert fwd["tbps"] == pytest.approx(3 * 256 * 1024 * 4 / (fwd["wall_ms"] * 1e-3) / 1e12, rel=1e-2)
+
+
+def test_markdown_beside_json(result_file):
+    md = result_file.with_suffix(".md").read_text()
+    assert md.startswith("# veomni-ops bench: ")
+    assert "## cpu-small" in md
+    assert "| swiglu | standard | tokens=256 intermediate=1024 float32 | fwd | eager (veomni-ops local) |" in md
+    assert "| swiglu | standard | tokens=256 intermediate=1024 float32 | fwd+bwd | mine (mine local) |" in md
+    assert "Ceilings measured in the same run" in md and "## Formulas" in md
+
+
+def test_render_from_saved_and_plot_switch(result_file, tmp_path, capsys):
+    png = tmp_path / "chart.png"
+    rc = B.run(bench_args(from_file=str(result_file), plot=str(png), registry=None))
+    cap = capsys.readouterr()
+    if importlib.util.find_spec("matplotlib") is None:
+        assert rc == 2
+        assert "pip install matplotlib" in cap.err and not png.exists()
+    else:
+        assert rc == 0 and png.stat().st_size > 1000
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # without --plot the saved result renders as the table
+    assert B.run(bench_args(from_file=str(result_file), registry=None)) == 0
+    out = capsys.readouterr().out
+    assert "veomni-ops bench on" in out and "swiglu" in out and "mine" in out
+
+
+def test_backend_filter_keeps_eager_baseline():
+    res = B.run_bench(presets=["cpu-small"], op="rms_norm", backend="mine", registry=registry(), warmup_ms=1,
+                      rep_ms=2, progress=False, passes=("fwd",))
+    assert {r["kernel"] for r in res["rows"]} == {"eager"}  # "mine" has no rms_norm; eager is the baseline
+    assert {r["variant"] for r in res["rows"]} == {"standard", "offset"}
+
+
+def test_seed_formulas_match_the_anchors():
+    wl = {(w.op, w.variant): w for w in B.workloads(["seed"])}
+    rms = wl[("rms_norm", "standard")]
+    # ANCHORS.md: eager RMSNorm fwd 0.333 ms kernel time = 0.25 TB/s -> 2·N·H·2 bytes
+    assert rms.amount("fwd") == pytest.approx(2 * 8192 * 2560 * 2, rel=1e-3)
+    assert rms.amount("fwd") / 0.333e-3 / 1e12 == pytest.approx(0.25, abs=0.01)
+    # Liger fwd+bwd 0.120 ms = 1.75 TB/s -> 5·N·H·2 bytes
+    assert rms.amount("fwd+bwd") / 0.120e-3 / 1e12 == pytest.approx(1.75, abs=0.02)
+    sw = wl[("swiglu", "standard")]
+    assert sw.amount("fwd") / 0.188e-3 / 1e12 == pytest.approx(1.81, abs=0.02)
+    assert sw.amount("fwd+bwd") / 0.524e-3 / 1e12 == pytest.approx(1.73, abs=0.02)
+    moe = B.workloads(["moe-30b-a3b"])[0]
+    assert moe.amount("fwd") / 3.22e-3 / 1e12 == pytest.approx(192, abs=1)
+    assert moe.amount("fwd+bwd") / 7.00e-3 / 1e12 == pytest.approx(265, abs=1)
+    attn = B.workloads(["attn"])[0]
+    assert attn.amount("fwd") / 0.95e-3 / 1e12 == pytest.approx(578, abs=2)
+    lbl = B.workloads(["lbl-48"])[0]
+    assert lbl.amount("fwd") / 5.13e-3 / 1e12 == pytest.approx(0.04, abs=0.002)
+
+
+def test_presets():
+    assert set(B.GPU_DEFAULT) <= set(B.PRESETS) and "cpu-small" in B.PRESETS
+    ops = {w.op for w in B.workloads(["cpu-small"])}
+    assert ops == {"rms_norm", "rotary", "swiglu", "cross_entropy", "moe_experts", "load_balancing_loss", "attention"}
+    flce = {w.shape["tokens"] for p in ("flce-8k", "flce-16k", "flce-32k") for w in B.workloads([p])}
+    assert flce == {8192, 16384, 32768}
+    with pytest.raises(SystemExit, match="unknown preset 'nope'"):
+        B.workloads(["nope"])
+
+
+@pytest.mark.parametrize("name,kind,slug", [
+    ("NVIDIA H100 80GB HBM3", "cuda", "h100-sxm"),
+    ("NVIDIA H100 PCIe", "cuda", "h100-pcie"),
+    ("NVIDIA H100 NVL", "cuda", "h100-nvl"),
+    ("NVIDIA H200", "cuda", "nvidia-h200".removeprefix("nvidia-")),
+    ("NVIDIA A100-SXM4-80GB", "cuda", "a100-sxm4-80gb"),
+    ("anything", "cpu", "cpu"),
+])
+def test_device_slug(name, kind, slug):
+    assert B.device_slug(name, kind) == slug
+
+
+def test_cpu_timer_is_a_median():
+    calls = []
+    t = B.Timer(torch.device("cpu"), warmup_ms=0.0, rep_ms=0.0, min_reps=7)
+    ms = t.wall_ms(lambda: calls.append(1))
+    assert ms >= 0 and len(calls) >= 8  # one warm-up call, then at least min_reps timed

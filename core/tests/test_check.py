@@ -1,0 +1,224 @@
+"""`veomni-ops check` and the comparison underneath it: passes what is right, fails what is not."""
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import make_plugin
+from veomni_ops import HardwareRequirement, KernelSpec, Tolerance, build_registry
+from veomni_ops.backends import reference
+from veomni_ops.testing import check
+from veomni_ops.testing.runner import compare, run_checks, unit_scale
+
+
+def reference_registry(*extra):
+    """The core's reference backend as an in-process plugin (no entry points needed), plus extras."""
+    return build_registry([("veomni-ops", reference), *extra], include_entry_points=False, env={})
+
+
+def args(**kw):
+    base = dict(backend=None, op=None, device="cpu", size=None, dtype=None, seed=0, plugin=[], json=False,
+                verbose=False, registry=None)
+    base.update(kw)
+    return argparse.Namespace(**base)
+
+
+# --- wrong kernels, each wrong in one way -------------------------------------------------
+def _offby(gate, up):
+    return F.silu(gate) * up + 1e-2  # forward off by 1e-2 everywhere
+
+
+class _BadGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gate, up):
+        ctx.save_for_backward(gate, up)
+        return F.silu(gate) * up
+
+    @staticmethod
+    def backward(ctx, dout):
+        gate, up = ctx.saved_tensors
+        s = torch.sigmoid(gate)
+        return dout * up * s, dout * gate * s  # dgate forgets the (1 + g(1 - s)) factor
+
+
+def _badgrad(gate, up):
+    return _BadGrad.apply(gate, up)
+
+
+def _upcast(gate, up):
+    return F.silu(gate.float()) * up.float()  # right values, wrong dtype for half inputs
+
+
+def _raises(gate, up):
+    raise RuntimeError("kernel exploded")
+
+
+def _sw(name, fn, **kw):
+    # factory as a zero-argument callable returning the kernel (the KernelSpec's other form)
+    return KernelSpec(name=name, op="swiglu", variant="standard", factory=lambda: fn, **kw)
+
+
+WRONG = make_plugin("wrong", swiglu=[
+    _sw("offby", _offby),
+    _sw("badgrad", _badgrad, dtypes=("float32",)),
+    _sw("upcast", _upcast, dtypes=("bfloat16",)),
+    _sw("raises", _raises, dtypes=("float32",)),
+    _sw("gpuonly", _offby, hardware=HardwareRequirement(("cuda",), min_capability=(9, 0))),
+])
+
+
+def test_reference_and_portable_kernels_pass_on_cpu(capsys):
+    reg = reference_registry()
+    rc = check.run(args(registry=reg, json=True))
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0, [(k["op"], k["kernel"], [c for c in k["cases"] if c["status"] != "pass"]) for k in out["kernels"]]
+    kernels = {(k["op"], k["variant"], k["kernel"]): k for k in out["kernels"]}
+    # every op and variant of the eager reference, and the portable kernels, were checked and passed
+    for key in [("rms_norm", "standard", "eager"), ("rms_norm", "offset", "eager"), ("rotary", "partial", "eager"),
+                ("swiglu", "standard", "eager"), ("cross_entropy", "logits", "eager"),
+                ("cross_entropy", "fused_linear", "chunked"), ("moe_experts", "standard", "grouped_mm"),
+                ("load_balancing_loss", "standard", "eager"), ("attention", "standard", "sdpa")]:
+        k = kernels[key]
+        assert k["status"] == "pass" and k["cases"], key
+        assert all(c["status"] in ("pass", "unsupported") for c in k["cases"])
+    # float16/bfloat16 and float64 all ran; gradients were compared
+    fl = kernels[("cross_entropy", "fused_linear", "chunked")]
+    assert {c["dtype"] for c in fl["cases"]} == {"float32", "bfloat16", "float16", "float64"}
+    assert any("grad weight" in c["tensors"] for c in fl["cases"])
+    # eager/sdpa take the 4-D masks and refuse the flash 2-D form (optional): reported, not failed
+    sdpa = [c for c in kernels[("attention", "standard", "sdpa")]["cases"] if c["case"].startswith("padding-2d")]
+    assert sdpa and all(c["status"] == "unsupported" for c in sdpa)
+
+
+def test_wrong_forward_fails_with_nonzero_exit(capsys):
+    reg = reference_registry(("wrong", WRONG))
+    rc = check.run(args(registry=reg, backend="offby", dtype=["float32"]))
+    cap = capsys.readouterr()
+    assert rc == 1
+    row = [ln for ln in cap.out.splitlines() if ln.startswith("swiglu") and " offby " in ln]
+    assert len(row) == 1 and row[0].rstrip().endswith("FAIL"), cap.out
+    assert "outside tolerance (atol=1e-05, rtol=0.0001 for float32) in: out" in cap.out
+    assert "1 kernel(s) FAILED: swiglu/standard offby" in cap.err and "--seed 0" in cap.err
+
+
+def test_wrong_backward_is_caught_and_attributed():
+    rep = run_checks(reference_registry(("wrong", WRONG)), backend="badgrad", device="cpu", seed=3)
+    (k,) = rep.kernels
+    assert k.status == "fail"
+    bad = [r for r in k.results if r.status == "fail"]
+    assert bad and all(r.worst_in == "grad gate" for r in bad)
+    # the forward and the other gradient are right
+    for r in k.results:
+        by = {c.name: c.ratio for c in r.comparisons}
+        assert by["out"] <= 1 and by["grad up"] <= 1
+
+
+def test_contract_dtype_and_exceptions_fail():
+    rep = run_checks(reference_registry(("wrong", WRONG)), op="swiglu", device="cpu")
+    status = {k.kernel: k for k in rep.kernels}
+    assert status["eager"].status == "pass"
+    up = status["upcast"]
+    assert up.status == "fail"
+    assert "out has dtype float32, the contract says bfloat16" in up.results[0].message
+    boom = status["raises"]
+    assert boom.status == "fail" and boom.results[0].status == "error"
+    assert "kernel raised RuntimeError: kernel exploded" in boom.results[0].message
+    gpu = status["gpuonly"]
+    assert gpu.status == "skip" and "needs a cuda device, this is cpu" in gpu.reason
+    assert not rep.ok
+
+
+def test_unusable_only_is_skipped_not_failed(capsys):
+    rc = check.run(args(registry=reference_registry(("wrong", WRONG)), backend="gpuonly"))
+    cap = capsys.readouterr()
+    assert rc == 0
+    assert "skip: kernel 'gpuonly' (wrong local (entry point 'wrong')) needs a cuda device, this is cpu" in cap.out
+    assert "nothing was checked" in cap.err
+
+
+def test_unknown_backend_is_an_error(capsys):
+    rc = check.run(args(registry=reference_registry(), backend="nosuch"))
+    assert rc == 1
+    assert "no registered kernel matches backend 'nosuch'" in capsys.readouterr().err
+
+
+def test_cli_with_plugin_module(tmp_path, monkeypatch, capsys):
+    """`veomni-ops check --plugin MODULE` through the real CLI entry: loads a spec module that is
+    not installed, and fails its wrong kernel."""
+    (tmp_path / "offby_specs_cli.py").write_text(textwrap.dedent("""
+        from veomni_ops import KernelSpec, hookimpl
+
+        @hookimpl
+        def swiglu():
+            return [KernelSpec(name="offby_cli", op="swiglu", variant="standard",
+                               factory="offby_kernels_cli:silu_mul", dtypes=("float32",))]
+    """))
+    (tmp_path / "offby_kernels_cli.py").write_text(textwrap.dedent("""
+        import torch.nn.functional as F
+
+        def silu_mul(gate, up):
+            return F.silu(gate) * up * 1.01
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from veomni_ops.cli import main
+
+    rc = main(["check", "--plugin", "offby_specs_cli", "--backend", "offby_cli", "--json", "--seed", "5",
+               "--device", "cpu"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 1
+    (k,) = out["kernels"]
+    assert (k["kernel"], k["status"], k["distribution"]) == ("offby_cli", "fail", "offby-specs-cli")
+    assert out["seed"] == 5 and out["size"] == "small"
+    assert float(k["worst"]) > 1
+
+
+def test_check_modules_import_without_torch():
+    code = ("import sys; import veomni_ops.testing.check, veomni_ops.bench, veomni_ops.testing.pytest_plugin, "
+            "veomni_ops.cli; veomni_ops.cli.build_parser(); "
+            "assert 'torch' not in sys.modules, 'torch imported at module level'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --- the comparison -------------------------------------------------------------------------
+def test_compare_ratio_and_unit_scale():
+    tol = Tolerance(1e-3, 1e-2)
+    ref = torch.tensor([1.0, -2.0, 0.5, 0.0], dtype=torch.float64)
+    # RMS = sqrt((1 + 4 + .25) / 4) = 1.146 -> unit scale 1
+    assert unit_scale(ref) == 1.0
+    got = ref + torch.tensor([0.0, 0.0, 0.0, 2e-3], dtype=torch.float64)
+    c = compare("x", got, ref, tol)
+    assert math.isclose(c.ratio, 2.0) and math.isclose(c.max_abs, 2e-3)  # 2e-3 / (1e-3 * 1 + 0)
+    # the same tensors scaled by 1024 compare identically (scale-free comparison)
+    c2 = compare("x", got * 1024, ref * 1024, tol)
+    assert c2.scale == 1024 and math.isclose(c2.ratio, 2.0)
+    # scalars are compared as they are
+    assert unit_scale(torch.tensor(500.0, dtype=torch.float64)) == 1.0
+    # a reference that cancels to rounding noise is treated as zero, not blown up
+    assert unit_scale(torch.full((8,), 1e-17, dtype=torch.float64)) == 1.0
+
+
+def test_compare_nonfinite_and_mask():
+    tol = Tolerance(1e-3, 1e-3)
+    ref = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+    assert compare("x", torch.tensor([1.0, float("nan"), 3.0]), ref, tol).ratio == math.inf
+    assert compare("x", torch.tensor([1.0, float("inf"), 3.0]), ref, tol).ratio == math.inf
+    # masked-out elements do not count
+    mask = torch.tensor([True, False, True])
+    assert compare("x", torch.tensor([1.0, 99.0, 3.0]), ref, tol, mask).ratio == 0.0
+
+
+@pytest.mark.parametrize("op", ["swiglu", "rms_norm"])
+def test_seed_reproduces(op):
+    reg = reference_registry()
+    a = run_checks(reg, op=op, device="cpu", dtypes=["bfloat16"], seed=11)
+    b = run_checks(reg, op=op, device="cpu", dtypes=["bfloat16"], seed=11)
+    c = run_checks(reg, op=op, device="cpu", dtypes=["bfloat16"], seed=12)
+    worst = [[r.worst for r in k.results] for k in a.kernels]
+    assert worst == [[r.worst for r in k.results] for k in b.kernels]
+    assert worst != [[r.worst for r in k.results] for k in c.kernels]
