@@ -51,10 +51,27 @@ def check(ours, ref, what: str, rows: int) -> None:
     assert_close(dw, dw64, "rms_norm", f"{what} dw", scale=max(1.0, rows**0.5))
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("variant", ["standard", "offset"])
-@pytest.mark.parametrize("batch_invariant", [False, True], ids=["triton", "batch_invariant"])
-@pytest.mark.parametrize("shape", [(7, 33), (2, 3, 100), (9, 128), (3, 640), (1, 2, 5, 48)], ids=str)
+F32, BF16 = torch.float32, torch.bfloat16
+# (shape, dtype, variant, batch_invariant): odd widths (33, 100), narrow rows packed several to a
+# program (128: ROWS > 1), a wide-ish row (640), 2-D/3-D/4-D inputs; both modes, both variants.
+CASES = [
+    ((7, 33), F32, "standard", False),
+    ((7, 33), BF16, "standard", False),
+    ((7, 33), F32, "offset", False),
+    ((7, 33), BF16, "offset", False),
+    ((2, 3, 100), F32, "standard", False),
+    ((2, 3, 100), BF16, "offset", False),
+    ((9, 128), BF16, "standard", False),
+    ((3, 640), BF16, "standard", False),
+    ((3, 640), F32, "offset", False),
+    ((1, 2, 5, 48), BF16, "offset", False),
+    ((7, 33), BF16, "standard", True),
+    ((2, 3, 100), F32, "offset", True),
+    ((9, 128), BF16, "offset", True),
+]
+
+
+@pytest.mark.parametrize("shape,dtype,variant,batch_invariant", CASES, ids=lambda v: str(v).replace("torch.", ""))
 def test_matches_float64_reference(device, dtype, variant, batch_invariant, shape):
     x = torch.randn(shape, device=device, dtype=dtype)
     w = (1.0 + 0.5 * torch.randn(shape[-1], device=device)).to(dtype)
@@ -150,12 +167,11 @@ def test_backward_is_deterministic(device):
     assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
 
 
-@pytest.mark.parametrize("variant", ["standard", "offset"])
-@pytest.mark.parametrize("n", [33, 128, 1000])
+@pytest.mark.parametrize("variant,n", [("standard", 33), ("offset", 128), ("standard", 1000)])
 def test_batch_invariant_rows_bitwise(device, variant, n):
-    """A row alone and the same row inside batches of 1..R rows (at every position): same bits."""
+    """A row alone and the same row inside batches of 1..R rows (first and last positions): same bits."""
     fn = FUNCS[(variant, True)]
-    rows = 9
+    rows = 7
     x = torch.randn(rows, n, device=device, dtype=torch.bfloat16)
     w = torch.randn(n, device=device, dtype=torch.bfloat16)
     alone = [fn(x[i : i + 1], w, EPS) for i in range(rows)]
@@ -193,9 +209,9 @@ def test_matches_core_eager(device, variant):
         assert_close(w.grad, wr.grad, "rms_norm", f"{variant} vs core dw", scale=5)
 
 
-@pytest.mark.parametrize("variant", ["standard", "offset"])
-def test_compile_fullgraph_no_break(device, variant):
-    fn = FUNCS[(variant, False)]
+def test_compile_fullgraph_no_break(device):
+    # one variant is enough: both go through the same custom ops (the variant is an op argument)
+    fn = FUNCS[("offset", False)]
     graphs: list = []
 
     def f(x, w):
