@@ -1,0 +1,49 @@
+"""The backend's spec module: what veomni-ops discovers through the entry point.
+
+It must stay LIGHT: it imports ``veomni_ops`` only — no torch, no Triton, no vendor library,
+no model code — because every process that uses veomni-ops imports it during discovery,
+whether or not a config ever selects this backend. The kernel is named by its ``factory``
+string and imported only when resolution accepts it.
+"""
+
+from __future__ import annotations
+
+from veomni_ops.hookspecs import hookimpl
+from veomni_ops.spec import HardwareRequirement, KernelSpec, Tolerance
+
+
+@hookimpl
+def swiglu() -> list[KernelSpec]:
+    return [
+        KernelSpec(
+            # What users write: `swiglu_mlp_implementation: template`.
+            name="template",
+            op="swiglu",
+            variant="standard",
+            # "module:attr", and the attribute IS the kernel (signature: the hook's contract).
+            factory="veomni_backend_template.kernels.swiglu:silu_mul",
+            # Plain PyTorch runs everywhere. A CUDA-only kernel would say
+            # HardwareRequirement(("cuda",), min_capability=(8, 0)).
+            hardware=HardwareRequirement(("any",)),
+            # Distributions checked from installed metadata BEFORE the factory is imported; a
+            # vendor-library backend lists its library here, e.g. ("liger-kernel>=0.6",).
+            requires=("torch>=2.4",),
+            supports_backward=True,
+            # torch.autograd.Function traces under torch.compile(fullgraph=True) (tested).
+            supports_compile=True,
+            dtypes=("float32", "bfloat16", "float16", "float64"),
+            # `auto` takes the highest priority usable here: the core's eager is 0, its portable
+            # kernels 10, vendor backends 20-40. The template sits just above eager.
+            priority=5,
+            # Against the float64 reference, for the output and both gradients. The math is
+            # float32 (float64 for float64) with one rounding to the input dtype at the end.
+            tolerances={
+                "float64": Tolerance(1e-12, 1e-10),
+                "float32": Tolerance(1e-5, 1e-5),
+                "bfloat16": Tolerance(1.6e-2, 1.6e-2),
+                "float16": Tolerance(2e-3, 2e-3),
+            },
+            description="template: silu(gate) * up with a hand-written fused backward (plain PyTorch)",
+            install_hint="pip install veomni-backend-template",
+        )
+    ]
