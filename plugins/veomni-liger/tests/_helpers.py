@@ -34,15 +34,20 @@ def spec_for(op: str, variant: str):
     return next(s for s in getattr(specs, op)() if s.variant == variant)
 
 
-def assert_close(actual: torch.Tensor, expected: torch.Tensor, op: str, variant: str, what: str) -> None:
+def assert_close(
+    actual: torch.Tensor, expected: torch.Tensor, op: str, variant: str, what: str, dtype: torch.dtype | None = None
+) -> None:
     """``|actual - expected| <= atol * scale + rtol * |expected|`` elementwise, with the spec's tolerance.
+
+    The tolerance is the spec's for ``dtype`` (default ``actual.dtype``; pass the input dtype
+    for a float32 loss computed from bf16 logits).
 
     ``scale = max(1, max|expected|)``: for tensors of order one this is exactly the spec's
     absolute tolerance; for sums over many terms (a loss summed over tokens, a weight
     gradient summed over rows) atol grows with the magnitude, as the rounding error does.
     """
     assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
-    tol = spec_for(op, variant).tolerance(str(actual.dtype).removeprefix("torch."))
+    tol = spec_for(op, variant).tolerance(str(dtype or actual.dtype).removeprefix("torch."))
     a = actual.detach().double().cpu()
     e = expected.detach().double().cpu()
     assert torch.isfinite(a).all(), f"{what} ({actual.dtype}): non-finite values"
@@ -52,7 +57,7 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, op: str, variant:
     if bad.any():
         i = int(bad.flatten().nonzero()[0])
         raise AssertionError(
-            f"{what} ({actual.dtype}): {int(bad.sum())}/{bad.numel()} elements out of tolerance "
+            f"{what} ({dtype or actual.dtype}): {int(bad.sum())}/{bad.numel()} elements out of tolerance "
             f"(atol={tol.atol}*{scale:.3g}, rtol={tol.rtol}); first at flat index {i}: "
             f"got {a.flatten()[i].item():.6g}, expected {e.flatten()[i].item():.6g}; max err {err.max().item():.3g}"
         )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _helpers import assert_close, core_kernels, dtype_params, rope_cos_sin, rope_reference
+from _helpers import BF16_ARITH_SKIP, assert_close, core_kernels, dtype_params, rope_cos_sin, rope_reference
 from veomni_liger.kernels.rotary import SUPPORTS_PARTIAL, apply_rotary_full, apply_rotary_partial
 
 # Liger's RoPE computes in the input dtype (no upcast).
@@ -63,8 +63,17 @@ def rope_reference_diff(q, k, cos, sin):
     return rot(q), rot(k)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("layout", ["bshd", "bhsd", "strided"])
+@pytest.mark.parametrize(
+    "dtype, layout",
+    [
+        (torch.float32, "bshd"),
+        (torch.float16, "bshd"),
+        pytest.param(torch.bfloat16, "bshd", marks=BF16_ARITH_SKIP),
+        (torch.float32, "bhsd"),
+        (torch.float16, "strided"),
+    ],
+    ids=str,
+)
 def test_full_forward_backward(device, dtype, layout):
     b, hq, hk, s, d = 2, 4, 2, 7, 32
     q, k = _qk(b, hq, hk, s, d, dtype, device, layout)
@@ -74,10 +83,10 @@ def test_full_forward_backward(device, dtype, layout):
 
 @pytest.mark.skipif(not SUPPORTS_PARTIAL, reason="installed liger-kernel has no rotary_dim (needs >= 0.8.5)")
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("d, r", [(32, 16), (24, 8), (64, 16), (32, 32)])
+@pytest.mark.parametrize("d, r", [(24, 8), (32, 32)])
 def test_partial_forward_backward_and_pass_through(device, dtype, d, r):
     # Odd head count (3 q heads), odd sequence; D = 24 is not a power of two.
-    b, hq, hk, s = 2, 3, 1, 5
+    b, hq, hk, s = 2, 3, 1, 3
     q, k = _qk(b, hq, hk, s, d, dtype, device, "bshd")
     cos, sin = rope_cos_sin(b, s, r, dtype, device)
     oq, ok = _run(apply_rotary_partial, q, k, cos, sin, "partial")
