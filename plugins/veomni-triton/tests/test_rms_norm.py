@@ -110,6 +110,14 @@ def test_transposed_input(device):
         check(ours, ref, f"transposed {variant}", rows=12)
 
 
+def test_strided_weight(device):
+    x = torch.randn(4, 24, device=device)
+    w = torch.randn(48, device=device)[::2]
+    for variant in ("standard", "offset"):
+        ours, ref = run_case(x, w, variant)
+        check(ours, ref, f"strided weight {variant}", rows=4)
+
+
 def test_noncontiguous_grad_output(device):
     x = torch.randn(5, 40, device=device, requires_grad=True)
     w = torch.randn(40, device=device, requires_grad=True)

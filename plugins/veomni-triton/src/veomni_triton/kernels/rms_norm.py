@@ -293,6 +293,8 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: bool, b
         )
     if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps >= 0:
         raise ValueError(f"veomni_triton {op}: eps must be a non-negative float, got {eps!r}")
+    if weight.stride(0) != 1 and n > 1:
+        weight = weight.contiguous()  # the kernels read w with unit stride (a strided view is rare: copy it)
     y, _rstd = _rms_norm_fwd(as_rows(x, n), weight, float(eps), offset, batch_invariant)
     return y.view(x.shape)
 
