@@ -87,3 +87,63 @@ def swiglu() -> list[KernelSpec]:
             "Triton silu(gate) * up: fused forward, one fused backward kernel (recomputes silu)",
         ),
     ]
+
+
+# MoE grouped GEMMs accumulate in fp32 but round the intermediates (g, u, silu(g)*u, d[g|u])
+# to the operand dtype once each, as the eager loop does; weight gradients sum one term per
+# routed token, so their absolute error grows with the tokens per expert (tests scale atol).
+_MOE_TOL = {
+    "float32": Tolerance(1e-4, 1e-4),
+    "bfloat16": Tolerance(2e-2, 2e-2),
+    "float16": Tolerance(3e-3, 3e-3),
+}
+
+# The loss is fp32 whatever the logits' dtype (fp32 softmax and sums); the logits' gradients
+# come back in the logits' dtype.
+_LBL_TOL = {
+    "float32": Tolerance(1e-5, 1e-4),
+    "bfloat16": Tolerance(1e-3, 1e-2),
+    "float16": Tolerance(1e-4, 2e-3),
+}
+
+
+def _spec_tol(op: str, factory: str, description: str, tolerances: dict) -> KernelSpec:
+    return KernelSpec(
+        name="triton",
+        op=op,
+        variant="standard",
+        factory=f"{_KERNELS}.{factory}",
+        hardware=_CUDA_SM80,  # tl.dot on bf16 needs sm80; nothing here needs sm90 (wgmma is used when present)
+        requires=_REQUIRES,
+        supports_backward=True,
+        supports_compile=True,
+        dtypes=_DTYPES,
+        priority=30,
+        tolerances=tolerances,
+        description=description,
+        install_hint=_INSTALL,
+    )
+
+
+@hookimpl
+def moe_experts() -> list[KernelSpec]:
+    return [
+        _spec_tol(
+            "moe_experts", "moe:moe_experts",
+            "Triton grouped GEMMs over expert-sorted routes: token rows gathered in the GEMM (no copy), fused "
+            "SiLU·up epilogue, deterministic per-route combine (no atomics), no host sync; grouped-GEMM backward",
+            _MOE_TOL,
+        )
+    ]
+
+
+@hookimpl
+def load_balancing_loss() -> list[KernelSpec]:
+    return [
+        _spec_tol(
+            "load_balancing_loss", "load_balancing:load_balancing_loss",
+            "Triton fused aux loss over all layers: logits read in place via a pointer table, fp32 softmax + "
+            "top-k in registers, fixed-order reduction (bitwise reproducible), 2 launches fwd / 1 bwd",
+            _LBL_TOL,
+        )
+    ]
