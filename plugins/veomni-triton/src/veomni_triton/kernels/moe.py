@@ -74,20 +74,33 @@ class GemmConfig:
     num_stages: int
 
 
-#: Configurations for Hopper/Ampere-class GPUs at training shapes (hundreds of rows per
-#: expert). ``gate_up`` holds two accumulators (g and u), i.e. a 128x256 output tile.
+#: Configurations at training shapes (hundreds of rows per expert), chosen from offline
+#: sm90/sm80 compiles (no register spills, software pipelining on) pending measurements.
+#: ``gate_up`` holds two accumulators (g and u), i.e. a 128x(2*block_n) output tile;
 #: ``wgrad``'s block_k is the number of token rows reduced per step.
-_TABLE: dict[str, GemmConfig] = {
+_TABLE_SM90: dict[str, GemmConfig] = {
     "gate_up": GemmConfig(128, 128, 64, 8, 3),
     "down": GemmConfig(128, 128, 64, 4, 4),
-    "dh": GemmConfig(128, 128, 64, 8, 3),
+    "dh": GemmConfig(128, 64, 64, 8, 4),
     "dx": GemmConfig(128, 128, 64, 4, 4),
     "wgrad": GemmConfig(128, 128, 64, 8, 3),
 }
+#: Ampere/Ada: mma.sync keeps the accumulators in registers, so smaller tiles.
+_TABLE_SM80: dict[str, GemmConfig] = {
+    "gate_up": GemmConfig(128, 64, 32, 8, 3),
+    "down": GemmConfig(128, 128, 32, 8, 3),
+    "dh": GemmConfig(128, 64, 32, 8, 3),
+    "dx": GemmConfig(128, 128, 32, 8, 3),
+    "wgrad": GemmConfig(128, 128, 32, 8, 3),
+}
+#: fp32 operands: IEEE fp32 dots run on FMA units (no tensor cores), whose accumulators
+#: live in registers; larger tiles spill heavily (seen in sm90 compiles). Correct, not fast.
+_FP32_CONFIG = GemmConfig(64, 64, 32, 4, 3)
+_TABLE = _TABLE_SM90
 
 #: Small tiles for Triton's CPU interpreter: several tiles per expert even at test shapes,
 #: and uneven edges at the odd sizes the tests use.
-_INTERPRET_TABLE: dict[str, GemmConfig] = {k: GemmConfig(16, 32, 32, 4, 1) for k in _TABLE}
+_INTERPRET_TABLE: dict[str, GemmConfig] = {k: GemmConfig(32, 64, 32, 4, 1) for k in _TABLE}
 
 _OVERRIDE: dict[str, GemmConfig] = {}
 
@@ -116,6 +129,11 @@ def _max_shared_mem(index: int) -> int:
     return int(props["max_shared_mem"])
 
 
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
 def _smem_bytes(kind: str, cfg: GemmConfig, elt: int) -> int:
     b_tiles = 2 if kind == "gate_up" else 1
     return cfg.num_stages * (cfg.block_m * cfg.block_k + b_tiles * cfg.block_k * cfg.block_n) * elt
@@ -126,17 +144,21 @@ def _config(kind: str, device: torch.device, dtype: torch.dtype, rows_per_expert
         return _OVERRIDE[kind]
     if device.type != "cuda":
         return _INTERPRET_TABLE[kind]
-    cfg = _TABLE[kind]
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if dtype == torch.float32:
+        cfg = _FP32_CONFIG
+    else:
+        cfg = (_TABLE_SM90 if _capability(index) >= (9, 0) else _TABLE_SM80)[kind]
     if rows_per_expert < 96:
         # few tokens per expert (small batch, many experts): half-height tiles waste less
-        if kind == "wgrad":
+        if kind == "wgrad" and cfg.block_k > 32:
             cfg = replace(cfg, block_k=32)
-        else:
+        elif kind != "wgrad" and cfg.block_m > 64:
             cfg = replace(cfg, block_m=64)
     # fit the software pipeline into this GPU's shared memory (sm86/89 have ~100 KiB,
     # fp32 operands take twice the room): fewer stages first, then thinner K steps
     elt = dtype.itemsize
-    budget = _max_shared_mem(device.index if device.index is not None else torch.cuda.current_device()) - 8192
+    budget = _max_shared_mem(index) - 8192
     while _smem_bytes(kind, cfg, elt) > budget:
         if cfg.num_stages > 2:
             cfg = replace(cfg, num_stages=cfg.num_stages - 1)
