@@ -23,6 +23,11 @@ Design (memory bound: the goal is one read of x and one write of y):
   (``ROWS``, ``num_warps``) is a function of H alone, never of the number of rows, so the
   reduction tree, hence the bits, of a row do not depend on how many rows come with it.
   The ``triton`` mode may lower ``ROWS`` for small batches to fill the GPU.
+  The batch size is never a compile-time specialisation either (``do_not_specialize``).
+  Triton still specialises on pointer alignment, which can change the register layout:
+  the guarantee is for rows at row boundaries of 16-byte-aligned tensors (any fresh
+  allocation, or a row slice of one), i.e. batches composed differently, which is what
+  batch invariance is about.
 
 Non-contiguous input: any tensor whose last dimension has stride 1 and whose leading
 dimensions collapse to one stride is read in place (row stride passed to the kernel);
