@@ -16,9 +16,11 @@ no tokens, every token to one expert, a token listing one expert twice, every la
 ``ignore_index``, a non-default ``ignore_index``, padding masks, partial rotary, values wide
 enough that statistics computed in half precision would overflow.
 
-Tensors are generated in float64 on the CPU from a ``torch.Generator`` (the same values on
-every device), then cast to the dtype under test and moved to the device. The reference
-sees exactly those values, cast back to float64.
+Tensors are generated in float64 from seeded ``torch.Generator`` objects — on the device
+under test for the large random tensors (generating hundreds of millions of float64 values
+on the CPU would dominate a GPU run), on the CPU for small integer draws — then cast to the
+dtype under test. A seed gives the same inputs on every run on the same kind of device. The
+reference sees exactly those values, cast back to float64.
 """
 
 from __future__ import annotations
@@ -45,19 +47,23 @@ class Builder:
     """Random inputs for one case: generated in float64 on the CPU, cast, moved to the device."""
 
     def __init__(self, seed: int, dtype: torch.dtype, device: torch.device | str):
-        self.gen = torch.Generator().manual_seed(int(seed))
+        self.gen = torch.Generator().manual_seed(int(seed))  # CPU: small integer draws
         self.dtype = dtype
         self.device = torch.device(device)
+        if self.device.type == "cpu":
+            self.dgen = self.gen
+        else:
+            self.dgen = torch.Generator(device=self.device).manual_seed(int(seed))
 
     def _out(self, t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
         return t.to(dtype or self.dtype).to(self.device)
 
     def randn(self, *shape: int, scale: float = 1.0, shift: float = 0.0, dtype: torch.dtype | None = None) -> torch.Tensor:
-        t = torch.randn(shape, generator=self.gen, dtype=torch.float64) * scale + shift
+        t = torch.randn(shape, generator=self.dgen, dtype=torch.float64, device=self.dgen.device) * scale + shift
         return self._out(t, dtype)
 
     def uniform(self, *shape: int, low: float, high: float, dtype: torch.dtype | None = None) -> torch.Tensor:
-        t = torch.rand(shape, generator=self.gen, dtype=torch.float64) * (high - low) + low
+        t = torch.rand(shape, generator=self.dgen, dtype=torch.float64, device=self.dgen.device) * (high - low) + low
         return self._out(t, dtype)
 
     def randint(self, low: int, high: int, *shape: int) -> torch.Tensor:
@@ -65,6 +71,10 @@ class Builder:
 
     def randperm(self, n: int) -> torch.Tensor:
         return torch.randperm(n, generator=self.gen)
+
+    def perms(self, rows: int, n: int) -> torch.Tensor:
+        """``rows`` independent random permutations of ``range(n)`` (CPU, int64)."""
+        return torch.rand(rows, n, generator=self.gen).argsort(dim=1)
 
     def strided(self, *shape: int, pad: int, scale: float = 1.0) -> torch.Tensor:
         """A ``shape`` tensor whose rows are ``pad`` elements longer than its last dimension
@@ -381,16 +391,16 @@ def _moe_cases(variant: str, size: str) -> list[Case]:
         def build(b: Builder):
             hidden = b.strided(t, h, pad=pad) if pad else b.randn(t, h)
             if routing == "random":  # k distinct experts per token
-                index = torch.stack([b.randperm(e)[:k] for _ in range(t)])
+                index = b.perms(t, e)[:, :k].contiguous()
             elif routing == "idle":  # only the first half of the experts get tokens
-                index = torch.stack([b.randperm(max(k, e // 2))[:k] for _ in range(t)])
+                index = b.perms(t, max(k, e // 2))[:, :k].contiguous()
             elif routing == "one":  # every route to one expert
                 index = torch.full((t, k), e // 2, dtype=torch.long)
             elif routing == "duplicate":  # distinct routes, then every other token lists an expert twice
-                index = torch.stack([b.randperm(e)[:k] for _ in range(t)])
+                index = b.perms(t, e)[:, :k].clone()
                 index[::2, 1] = index[::2, 0]
             elif routing == "hot":  # half the tokens all go to expert 0 (load imbalance)
-                index = torch.stack([b.randperm(e)[:k] for _ in range(t)])
+                index = b.perms(t, e)[:, :k].clone()
                 hot = index[: t // 2]
                 has0 = (hot == 0).any(dim=1)
                 hot[~has0, 0] = 0
@@ -443,7 +453,7 @@ def _router_logits(b: Builder, t: int, e: int) -> torch.Tensor:
     span = 4.0
     base = torch.linspace(-span, span, e, dtype=torch.float64)
     spacing = 2 * span / max(1, e - 1)
-    rows = torch.stack([base[b.randperm(e)] for _ in range(t)])
+    rows = base[b.perms(t, e)]
     jitter = (torch.rand(t, e, generator=b.gen, dtype=torch.float64) - 0.5) * (spacing / 2)
     return (rows + jitter).to(b.dtype).to(b.device)
 
