@@ -35,8 +35,11 @@ class _LigerSiLUMul(torch.autograd.Function):
     def forward(ctx, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         a = gate.contiguous()
         b = up.contiguous()
-        if a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr():
-            # silu_mul(x, x): backward would write da and db into one buffer.
+        # silu_mul(x, x) (or two views of one buffer): backward would write da and db into
+        # one buffer. The storage check is skipped while dynamo traces (it cannot trace it).
+        if b is a or (
+            not torch.compiler.is_compiling() and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+        ):
             b = b.clone()
         _, _, out = swiglu_forward(a, b)
         ctx.save_for_backward(a, b)
