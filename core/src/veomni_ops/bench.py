@@ -353,7 +353,9 @@ def kernel_ms(fn: Callable[[], Any], device: Any, calls: int = 20) -> float | No
 
     fn()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    # CPU activity too: kernels are then correlated with their launches, as in every profiler
+    # table; only the device-side events are summed.
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
             fn()
         torch.cuda.synchronize()
@@ -595,6 +597,11 @@ def run_bench(
                 continue
             closures = _closures(fn, inputs, diff, h, device)
             for p in passes:
+                if p == "fwd+bwd" and not rk.spec.supports_backward:
+                    skipped.append({"op": w.op, "variant": w.variant, "kernel": rk.spec.name, "preset": w.preset,
+                                    "distribution": rk.provenance.distribution, "reason": "fwd+bwd: no backward"})
+                    bar.step(f"{w.preset} {w.op}/{w.variant} {rk.spec.name} {p} (no backward)")
+                    continue
                 bar.step(f"{w.preset} {w.op}/{w.variant} {rk.spec.name} {p}")
                 rows.append(_measure(w, rk, p, closures[p], device, timer, profile_calls))
             del closures

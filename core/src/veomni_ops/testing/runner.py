@@ -234,16 +234,18 @@ def _leaves(inputs: dict[str, Any], names: Sequence[str]) -> list[tuple[str, tor
 
 
 def _cotangents(outputs: Sequence[torch.Tensor], masks: Sequence[torch.Tensor | None], seed: int) -> list[torch.Tensor]:
-    """Random float64 cotangents (on the CPU generator, so every device gets the same)."""
-    gen = torch.Generator().manual_seed(seed)
+    """Random float64 cotangents, drawn on the outputs' device from a seeded generator."""
+    gens: dict[torch.device, torch.Generator] = {}
     cots = []
     for out, m in zip(outputs, masks):
+        gen = gens.get(out.device)
+        if gen is None:
+            gen = gens[out.device] = torch.Generator(device=out.device).manual_seed(seed)
         if out.numel() == 1:
-            c = torch.rand((), generator=gen, dtype=torch.float64) + 0.5  # a loss: scale in [0.5, 1.5)
+            c = torch.rand((), generator=gen, dtype=torch.float64, device=out.device) + 0.5  # a loss: [0.5, 1.5)
             c = c.expand(out.shape)
         else:
-            c = torch.randn(tuple(out.shape), generator=gen, dtype=torch.float64)
-        c = c.to(out.device)
+            c = torch.randn(tuple(out.shape), generator=gen, dtype=torch.float64, device=out.device)
         if m is not None:
             c = c * m.to(c.device).expand_as(c)
         cots.append(c)
