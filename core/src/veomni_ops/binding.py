@@ -14,6 +14,7 @@ model's rotary embedding produces vs the attention head dimension.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import types
 from collections.abc import Callable, Mapping
@@ -161,7 +162,13 @@ def survey(model: nn.Module) -> list[Place]:
             names = _code_names(_forward_fn(m))
             if "ALL_ATTENTION_FUNCTIONS" in names:
                 places.append(Place("attention", "standard", path, m))
-            if "apply_rotary_pos_emb" in names and rot_dim:
+            # A forward that can also take another rotary function (DeepSeek-V3's
+            # apply_rotary_pos_emb_interleave when config.rope_interleave) would leave a kernel
+            # bound to apply_rotary_pos_emb unused: bind only when the config rules that out.
+            other_rope = any(n.startswith("apply_rotary") and n != "apply_rotary_pos_emb" for n in names)
+            if other_rope and getattr(getattr(m, "config", None), "rope_interleave", None) is not False:
+                pass
+            elif "apply_rotary_pos_emb" in names and rot_dim:
                 glob = _globals(_forward_fn(m))
                 fn = glob.get("apply_rotary_pos_emb")
                 head_dim = int(getattr(m, "qk_rope_head_dim", 0) or getattr(m, "head_dim", 0))
@@ -261,7 +268,13 @@ def _copy_with_globals(fn, overrides: Mapping[str, Any]):
         raise BindingError(f"{fn.__qualname__} is wrapped by a decorator; veomni-ops cannot rebind its globals")
     g = dict(fn.__globals__)
     g.update(overrides)
+    # No ``__name__``: torch._dynamo resolves the globals of a function whose globals carry a
+    # module name through that module (``sys.modules[__name__]``), which would read and guard
+    # transformers' own ALL_ATTENTION_FUNCTIONS instead of ours; without it dynamo guards this
+    # dict itself.
+    g.pop("__name__", None)
     new = types.FunctionType(fn.__code__, g, fn.__name__, fn.__defaults__, fn.__closure__)
+    new.__module__ = fn.__module__
     new.__kwdefaults__ = fn.__kwdefaults__
     new.__qualname__ = fn.__qualname__
     new.__doc__ = fn.__doc__
@@ -292,7 +305,26 @@ def _mask_name(entry_kernel: str, kernel: Callable) -> str:
     return "eager" if entry_kernel == "eager" else "sdpa"
 
 
+def _own_configs(model: nn.Module) -> None:
+    """Give ``model`` private copies of its config objects (one copy per distinct object).
+
+    transformers lets models share a config object (two models built from one config);
+    binding attention sets ``config._attn_implementation`` (the mask builder follows it), which
+    must not change the other model. One deepcopy memo keeps sub-configs consistent: a module
+    holding ``config.text_config`` gets the copy of it that the copied top config holds.
+    """
+    from transformers import PretrainedConfig
+
+    memo: dict[int, Any] = {}
+    for mod in model.modules():
+        c = mod.__dict__.get("config")
+        if isinstance(c, PretrainedConfig):
+            mod.config = copy.deepcopy(c, memo)
+
+
 def _bind(model: nn.Module, plan: KernelPlan, places: list[Place]) -> Binding:
+    if any(p.op == "attention" for p in places):
+        _own_configs(model)
     bound: list[tuple[str, str, str, str]] = []
     attn_overrides: dict[int, dict[str, Any]] = {}
     attn_modules: dict[int, Place] = {}
@@ -326,7 +358,10 @@ def _bind(model: nn.Module, plan: KernelPlan, places: list[Place]) -> Binding:
         m = attn_modules[key].module
         m.forward = types.MethodType(_copy_with_globals(_forward_fn(m), overrides), m)
     if "ce" in head_overrides:
-        model.forward = types.MethodType(_causal_lm_forward(head_overrides["ce"], head_overrides.get("lbl")), model)
+        model.forward = types.MethodType(
+            _causal_lm_forward(head_overrides["ce"], head_overrides.get("lbl"), inspect.signature(_forward_fn(model))),
+            model,
+        )
     return Binding(plan, tuple(bound))
 
 
@@ -339,7 +374,12 @@ def _norm_forward(kernel: Callable, eps: float):
 
 def _mlp_forward(kernel: Callable):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(kernel(self.gate_proj(x), self.up_proj(x)))
+        out = self.down_proj(kernel(self.gate_proj(x), self.up_proj(x)))
+        # Seed-OSS applies dropout to the MLP output inside the MLP; keep it.
+        p = getattr(self, "residual_dropout", 0.0)
+        if p:
+            out = nn.functional.dropout(out, p=p, training=self.training)
+        return out
 
     return forward
 
@@ -351,19 +391,38 @@ def _experts_forward(kernel: Callable):
     return forward
 
 
-def _causal_lm_forward(ce: tuple[str, Callable], lbl: Callable | None):
+def _causal_lm_forward(ce: tuple[str, Callable], lbl: Callable | None, signature: inspect.Signature):
     """The causal-LM head: the base model, then the loss through the plan's kernels.
 
     With a ``fused_linear`` kernel and labels, the logits are never materialised (the
     returned ``logits`` is None). The auxiliary MoE loss follows transformers: computed
     when router logits are requested, added to the loss times ``router_aux_loss_coef``.
+    Calling conventions are the replaced forward's: positional arguments are named by its
+    ``signature``, and ``return_dict=False`` (or ``config.return_dict``) gives a tuple.
     """
     from transformers.modeling_outputs import CausalLMOutputWithPast, MoeCausalLMOutputWithPast
 
     variant, ce_kernel = ce
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    positional = [n for n, p in signature.parameters.items() if p.kind in kinds][1:]  # after self
 
-    def forward(self, input_ids=None, attention_mask=None, labels=None, logits_to_keep=0,
-                output_router_logits=None, **kwargs):
+    def forward(self, *args, **kwargs):
+        if args:
+            if len(args) > len(positional):
+                raise TypeError(f"{type(self).__name__}.forward() takes {len(positional)} positional arguments "
+                                f"but {len(args)} were given")
+            for name, value in zip(positional, args):
+                if name in kwargs:
+                    raise TypeError(f"{type(self).__name__}.forward() got multiple values for argument {name!r}")
+                kwargs[name] = value
+        return_dict = kwargs.pop("return_dict", None)
+        if return_dict is None:
+            return_dict = getattr(self.config, "return_dict", True)
+        out = head(self, **kwargs)
+        return out if return_dict else out.to_tuple()
+
+    def head(self, input_ids=None, attention_mask=None, labels=None, logits_to_keep=0,
+             output_router_logits=None, **kwargs):
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         ignore_index = kwargs.pop("ignore_index", -100)
         shift_labels = kwargs.pop("shift_labels", None)
