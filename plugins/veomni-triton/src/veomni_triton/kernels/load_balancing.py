@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import check_device, check_float, next_pow2, num_sms
+from ._common import check_device, check_float, interpreter_active, next_pow2, num_sms
 
 _OP = "load_balancing_loss"
 
@@ -325,6 +325,11 @@ def load_balancing_loss(
                 f"veomni_triton {_OP}: gate_logits[{i}] is {tuple(x.shape)} {x.dtype} but gate_logits[0] is "
                 f"{tuple(first.shape)} {first.dtype}; every layer must give [T, E] logits of one dtype"
             )
+    if first.device.type == "cuda" and interpreter_active():
+        raise RuntimeError(
+            f"veomni_triton {_OP}: reads the layers through a table of device addresses, which Triton's interpreter "
+            "cannot follow for CUDA tensors; unset TRITON_INTERPRET, or move the logits to the CPU to debug"
+        )
     t, e = first.shape
     if not isinstance(num_experts, int) or num_experts != e:
         raise ValueError(f"veomni_triton {_OP}: num_experts={num_experts!r} but the logits have {e} experts")

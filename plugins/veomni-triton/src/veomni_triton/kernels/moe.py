@@ -142,7 +142,7 @@ def _smem_bytes(kind: str, cfg: GemmConfig, elt: int) -> int:
 def _config(kind: str, device: torch.device, dtype: torch.dtype, rows_per_expert: float) -> GemmConfig:
     if kind in _OVERRIDE:
         return _OVERRIDE[kind]
-    if device.type != "cuda":
+    if device.type != "cuda" or interpreter_active():
         return _INTERPRET_TABLE[kind]
     index = device.index if device.index is not None else torch.cuda.current_device()
     if dtype == torch.float32:
@@ -230,7 +230,7 @@ def _combine(y: torch.Tensor, idx: torch.Tensor, out: torch.Tensor, num_experts:
     grid = (triton.cdiv(t, block_t), triton.cdiv(n, block_n))
     _combine_kernel[grid](
         y, idx, out, t, n, num_experts, y.stride(0), out.stride(0),
-        TOPK=k, BLOCK_T=block_t, BLOCK_N=block_n, num_warps=4,
+        TOPK=k, UPCAST=interpreter_active(), BLOCK_T=block_t, BLOCK_N=block_n, num_warps=4,
     )
 
 
@@ -360,12 +360,16 @@ def _moe_bwd(
     inter = two_i // 2
     tk = t * k
     dev, dt = hidden.device, hidden.dtype
-    empty = torch.empty((0,), device=dev, dtype=dt)
-    dx = torch.zeros((t, h), device=dev, dtype=dt) if need_hidden else empty
-    dw = torch.zeros((t, k), device=dev, dtype=top_k_weights.dtype) if need_weights else empty
-    dgu_w = torch.zeros_like(gate_up_proj) if need_gate_up else empty
-    dd_w = torch.zeros_like(down_proj) if need_down else empty
+    # Every element of these is written by a kernel below (the weight-gradient kernels write
+    # zeros for experts without tokens), so no zero-fill pass. Outputs of a custom op must not
+    # alias each other: one empty placeholder each for the gradients not asked for.
+    dx = torch.empty((t, h) if need_hidden else (0,), device=dev, dtype=dt)
+    dw = torch.empty((t, k), device=dev, dtype=top_k_weights.dtype) if need_weights else dx.new_empty((0,))
+    dgu_w = torch.empty_like(gate_up_proj) if need_gate_up else dx.new_empty((0,))
+    dd_w = torch.empty_like(down_proj) if need_down else dx.new_empty((0,))
     if tk == 0 or num_experts == 0:
+        for g in (dx, dw, dgu_w, dd_w):
+            g.zero_()
         return dx, dw, dgu_w, dd_w
     rpe = tk / num_experts
     go = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()
@@ -409,12 +413,11 @@ def _moe_bwd(
 @_moe_bwd.register_fake
 def _(grad_out, hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, gu, hw, perm, offs,
       need_hidden, need_weights, need_gate_up, need_down):
-    empty = hidden.new_empty((0,))
     return (
-        hidden.new_empty(hidden.shape) if need_hidden else empty,
-        top_k_weights.new_empty(top_k_weights.shape) if need_weights else empty,
-        gate_up_proj.new_empty(gate_up_proj.shape) if need_gate_up else empty,
-        down_proj.new_empty(down_proj.shape) if need_down else empty,
+        hidden.new_empty(hidden.shape) if need_hidden else hidden.new_empty((0,)),
+        top_k_weights.new_empty(top_k_weights.shape) if need_weights else hidden.new_empty((0,)),
+        gate_up_proj.new_empty(gate_up_proj.shape) if need_gate_up else hidden.new_empty((0,)),
+        down_proj.new_empty(down_proj.shape) if need_down else hidden.new_empty((0,)),
     )
 
 

@@ -21,8 +21,9 @@ of one expert run one after another (its weights stay in L2).
 
 ``UPCAST`` (set only under ``TRITON_INTERPRET=1``): Triton's CPU interpreter computes
 bf16 x bf16 ``tl.dot`` wrongly (triton 3.9); products of 16-bit floats are exact in fp32, so
-upcasting the operands there computes the same mathematical result. No helper ``@triton.jit``
-functions are called from the GEMM kernels: the interpreter re-patches the language on every
+upcasting the operands there computes the same mathematical result; it also makes the
+output casts round to nearest even (:func:`_to_out`), as the GPU does. The GEMM main loops call
+no helper ``@triton.jit`` function: the interpreter re-patches the language on every
 device-function call, which made the CPU tests ~10x slower.
 """
 
@@ -57,6 +58,22 @@ def _tile_map_kernel(
         row_start = tl.sum(tl.where(sel, start[None, :], 0), axis=1) + (ids - first_tile) * BLOCK_M
         tl.store(tile_expert_ptr + ids, expert, mask=ids < NUM_TILES)
         tl.store(tile_start_ptr + ids, row_start, mask=ids < NUM_TILES)
+
+
+@triton.jit
+def _to_out(x, DT: tl.constexpr, UPCAST: tl.constexpr):
+    """fp32 -> output dtype with round-to-nearest-even.
+
+    The GPU casts round to nearest even; Triton's interpreter truncates fp32 -> bf16, a bias
+    that made CPU results several times less accurate than GPU ones. Under the interpreter
+    (UPCAST) we round the fp32 bits first, so the cast after it is exact.
+    """
+    if UPCAST:
+        if DT == tl.bfloat16:
+            bits = x.to(tl.uint32, bitcast=True)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+            x = bits.to(tl.float32, bitcast=True)
+    return x.to(DT)
 
 
 @triton.jit
@@ -128,9 +145,9 @@ def _gate_up_fwd_kernel(
     out_dtype = hw_ptr.dtype.element_ty
     if SAVE_GU:
         gu_ptrs = gu_ptr + rows64[:, None] * (2 * INTER) + offs_n[None, :]
-        tl.store(gu_ptrs, acc_g.to(out_dtype), mask=smask)
-        tl.store(gu_ptrs + INTER, acc_u.to(out_dtype), mask=smask)
-    tl.store(hw_ptr + rows64[:, None] * INTER + offs_n[None, :], hw.to(out_dtype), mask=smask)
+        tl.store(gu_ptrs, _to_out(acc_g, out_dtype, UPCAST), mask=smask)
+        tl.store(gu_ptrs + INTER, _to_out(acc_u, out_dtype, UPCAST), mask=smask)
+    tl.store(hw_ptr + rows64[:, None] * INTER + offs_n[None, :], _to_out(hw, out_dtype, UPCAST), mask=smask)
 
 
 @triton.jit
@@ -184,7 +201,7 @@ def _grouped_scatter_kernel(
         b_ptrs += BLOCK_K * stride_wk
     dest = tl.load(perm_ptr + rows, mask=rmask, other=0).to(tl.int64)
     out_ptrs = out_ptr + dest[:, None] * stride_om + offs_n[None, :] * stride_on
-    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & nmask[None, :])
+    tl.store(out_ptrs, _to_out(acc, out_ptr.dtype.element_ty, UPCAST), mask=rmask[:, None] & nmask[None, :])
 
 
 @triton.jit
@@ -255,8 +272,8 @@ def _dh_bwd_kernel(
     du = dh * silu
     out_dtype = dgu_ptr.dtype.element_ty
     dgu_ptrs = dgu_ptr + rows64[:, None] * (2 * INTER) + offs_n[None, :]
-    tl.store(dgu_ptrs, dg.to(out_dtype), mask=smask)
-    tl.store(dgu_ptrs + INTER, du.to(out_dtype), mask=smask)
+    tl.store(dgu_ptrs, _to_out(dg, out_dtype, UPCAST), mask=smask)
+    tl.store(dgu_ptrs + INTER, _to_out(du, out_dtype, UPCAST), mask=smask)
 
 
 @triton.jit
@@ -323,7 +340,7 @@ def _wgrad_kernel(
     out_ptrs = (
         out_ptr + expert.to(tl.int64) * stride_oe + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :] * stride_on
     )
-    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
+    tl.store(out_ptrs, _to_out(acc, out_ptr.dtype.element_ty, UPCAST), mask=mmask[:, None] & nmask[None, :])
 
 
 @triton.jit
@@ -331,7 +348,7 @@ def _combine_kernel(
     y_ptr, idx_ptr, out_ptr,
     T, N, E,
     stride_ym, stride_ot,
-    TOPK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
+    TOPK: tl.constexpr, UPCAST: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """out[t] = sum_k y[t*TOPK + k] over the routes whose expert is in [0, E), k in order, fp32."""
     pid_t = tl.program_id(0)
@@ -351,5 +368,5 @@ def _combine_kernel(
             other=0.0,
         )
         acc += y.to(tl.float32)
-    tl.store(out_ptr + t64[:, None] * stride_ot + n[None, :], acc.to(out_ptr.dtype.element_ty),
+    tl.store(out_ptr + t64[:, None] * stride_ot + n[None, :], _to_out(acc, out_ptr.dtype.element_ty, UPCAST),
              mask=tmask[:, None] & nmask[None, :])

@@ -1,0 +1,195 @@
+"""MoE experts Triton kernel vs a float64 reference (and the core's eager loop), fwd and bwd.
+
+Shapes are tiny (Triton's CPU interpreter is slow); the interpreter's tile table (32x64x32)
+still gives several tiles per expert, partial tiles, and uneven N/K edges at I=48, and one
+case forces 16-wide tiles so that every kernel loops and masks on every edge.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from _helpers import assert_close, core_kernels
+from veomni_triton.kernels import moe as M
+from veomni_triton.kernels.moe import GemmConfig
+
+F32, BF16 = torch.float32, torch.bfloat16
+OP = "moe_experts"
+
+
+def reference(x, idx, w, gate_up, down):
+    """The contract in float64, route by route; routes with an expert outside [0, E) are skipped."""
+    num_experts = gate_up.shape[0]
+    x, w, gate_up, down = x.double(), w.double(), gate_up.double(), down.double()
+    out = torch.zeros_like(x)
+    for k in range(idx.shape[1]):
+        e = idx[:, k]
+        valid = (e >= 0) & (e < num_experts)
+        ec = e.clamp(0, num_experts - 1)
+        gu = torch.einsum("tjh,th->tj", gate_up[ec], x)
+        g, u = gu.chunk(2, dim=-1)
+        y = torch.einsum("thi,ti->th", down[ec], F.silu(g) * u)
+        out = out + torch.where(valid[:, None], w[:, k, None] * y, torch.zeros_like(y))
+    return out
+
+
+def make_inputs(t, h, inter, e, k, dtype, routing="random"):
+    x = torch.randn(t, h, dtype=dtype)
+    if routing == "random":
+        idx = torch.stack([torch.randperm(e)[:k] for _ in range(t)]) if t else torch.empty((0, k), dtype=torch.long)
+    elif routing == "one_expert":  # every route to expert 2: all others empty, every token lists it K times
+        idx = torch.full((t, k), 2, dtype=torch.long)
+    elif routing == "skewed_dup":  # two hot experts, duplicates, several empty experts
+        idx = torch.randint(0, 2, (t, k)) * 3
+    elif routing == "sentinel":  # expert-parallel sentinel E (and -1) on some routes: skipped
+        idx = torch.stack([torch.randperm(e)[:k] for _ in range(t)])
+        idx[::3, 0] = e
+        idx[1::5, -1] = -1
+    else:
+        raise ValueError(routing)
+    w = torch.rand(t, k, dtype=dtype)
+    gate_up = (torch.randn(e, 2 * inter, h) * h**-0.5).to(dtype)
+    down = (torch.randn(e, h, inter) * inter**-0.5).to(dtype)
+    return x, idx, w, gate_up, down
+
+
+def run(fn, x, idx, w, gate_up, down, grad, cast=None):
+    leaves = [t.detach().to(cast or t.dtype).requires_grad_() for t in (x, w, gate_up, down)]
+    out = fn(leaves[0], idx, leaves[1], leaves[2], leaves[3])
+    out.backward(grad.to(out.dtype))
+    return [out.detach()] + [t.grad for t in leaves]
+
+
+NAMES = ("out", "d_hidden", "d_top_k_weights", "d_gate_up_proj", "d_down_proj")
+
+
+def check_against(ours, ref, what, rows_per_expert, inter):
+    for name, a, b in zip(NAMES, ours, ref):
+        # reductions: weight gradients sum one term per routed token of the expert, the router
+        # weights' gradient <y, grad_out> one per intermediate channel; their absolute error
+        # grows like the square root of the number of terms
+        scale = {"d_gate_up_proj": rows_per_expert**0.5, "d_down_proj": rows_per_expert**0.5,
+                 "d_top_k_weights": inter**0.5 / 2}.get(name, 1.0)
+        assert_close(a, b, OP, f"{what} {name}", scale=max(1.0, scale))
+
+
+@pytest.mark.parametrize(
+    "dtype,routing",
+    [(F32, "random"), (BF16, "random"), (F32, "one_expert"), (BF16, "skewed_dup"), (F32, "sentinel")],
+)
+def test_matches_float64_reference(dtype, routing):
+    t, h, inter, e, k = 37, 64, 48, 8, 4
+    args = make_inputs(t, h, inter, e, k, dtype, routing)
+    grad = torch.randn(t, h, dtype=dtype)
+    ours = run(M.moe_experts, *args, grad)
+    ref = run(reference, *args, grad, cast=torch.float64)
+    hits = torch.bincount(args[1][(args[1] >= 0) & (args[1] < e)], minlength=e)
+    check_against(ours, ref, f"{routing}/{dtype}", int(hits.max()), inter)
+    if routing == "one_expert":
+        # experts without tokens get exactly zero weight gradient
+        assert ours[3][torch.arange(e) != 2].abs().max() == 0
+        assert ours[4][torch.arange(e) != 2].abs().max() == 0
+    if routing == "sentinel":
+        skipped = (args[1] < 0) | (args[1] >= e)
+        assert skipped.any() and (ours[2][skipped] == 0).all()
+    if dtype == BF16:
+        # deterministic: no atomics anywhere, so a second run is bitwise identical
+        again = run(M.moe_experts, *args, grad)
+        for name, a, b in zip(NAMES, ours, again):
+            assert torch.equal(a, b), f"{name} differs between two identical runs"
+
+
+def test_matches_core_eager():
+    core = core_kernels("moe")
+    t, h, inter, e, k = 37, 64, 48, 8, 2
+    args = make_inputs(t, h, inter, e, k, F32)
+    grad = torch.randn(t, h)
+    ours = run(M.moe_experts, *args, grad)
+    eager = run(core.moe_experts_eager, *args, grad)
+    for name, a, b in zip(NAMES, ours, eager):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4, msg=lambda m, n=name: f"{n} vs core eager: {m}")
+
+
+def test_odd_sizes_small_tiles_strided_input():
+    # H=40, I=24 are multiples of no tile; 16-wide tiles make every GEMM loop over K and N,
+    # several M-tiles per expert; hidden_states is a column slice (row stride 56 != H)
+    t, h, inter, e, k = 29, 40, 24, 5, 3
+    x, idx, w, gate_up, down = make_inputs(t, h, inter, e, k, F32)
+    wide = torch.randn(t, 56)
+    wide[:, 8:48] = x
+    x_strided = wide[:, 8:48]
+    assert x_strided.stride(0) == 56
+    grad = torch.randn(t, h)
+    small = GemmConfig(16, 16, 16, 4, 1)
+    with M.override_configs(gate_up=small, down=small, dh=small, dx=small, wgrad=small):
+        ours = run(M.moe_experts, x_strided, idx, w, gate_up, down, grad)
+    ref = run(reference, x, idx, w, gate_up, down, grad, cast=torch.float64)
+    check_against(ours, ref, "odd sizes", t * k // e + 4, inter)
+
+
+def test_tile_map_covers_every_row_once():
+    # the per-tile (expert, first row) table the GEMMs read, against a direct computation
+    counts = torch.tensor([0, 5, 0, 0, 33, 1, 16, 0, 17])
+    e = counts.numel()
+    offs = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
+    block_m = 16
+    tiles = M._Tiles(offs, int(counts.sum()), e)
+    tile_expert, tile_start, n = tiles.get(block_m)
+    expected = [(ex, int(offs[ex]) + j * block_m) for ex in range(e) for j in range(-(-int(counts[ex]) // block_m))]
+    assert n >= len(expected)
+    got = list(zip(tile_expert.tolist(), tile_start.tolist()))
+    assert got[: len(expected)] == expected
+    assert all(ex >= e for ex, _ in got[len(expected):]), "tile ids past the last tile must have no expert"
+
+
+def test_partial_requires_grad_and_no_grad():
+    t, h, inter, e, k = 16, 32, 16, 4, 2
+    x, idx, w, gate_up, down = make_inputs(t, h, inter, e, k, F32)
+    x.requires_grad_()
+    out = M.moe_experts(x, idx, w, gate_up, down)  # frozen experts and router weights
+    out.sum().backward()
+    x64 = x.detach().double().requires_grad_()
+    reference(x64, idx, w, gate_up, down).sum().backward()
+    assert_close(x.grad, x64.grad, OP, "d_hidden (weights frozen)")
+    with torch.no_grad():
+        assert_close(M.moe_experts(x, idx, w, gate_up, down), reference(x, idx, w, gate_up, down), OP, "no_grad out")
+
+
+def test_empty_batch():
+    x, idx, w, gate_up, down = make_inputs(0, 32, 16, 4, 2, F32)
+    x.requires_grad_()
+    gate_up.requires_grad_()
+    out = M.moe_experts(x, idx, w, gate_up, down)
+    assert out.shape == (0, 32)
+    out.sum().backward()
+    assert gate_up.grad is not None and gate_up.grad.abs().max() == 0
+
+
+def test_compile_fullgraph():
+    t, h, inter, e, k = 8, 32, 16, 2, 2
+    args = make_inputs(t, h, inter, e, k, F32)
+    grad = torch.randn(t, h)
+
+    def layer(x, idx, w, gate_up, down):
+        return M.moe_experts(x * 2.0, idx, w, gate_up, down) + 1.0
+
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    got = run(compiled, *args, grad)
+    want = run(layer, *args, grad)
+    for name, a, b in zip(NAMES, got, want):
+        torch.testing.assert_close(a, b, atol=0, rtol=0, msg=lambda m, n=name: f"{n} compiled vs eager: {m}")
+
+
+def test_bad_inputs_are_explained():
+    x, idx, w, gate_up, down = make_inputs(4, 32, 16, 4, 2, F32)
+    with pytest.raises(TypeError, match="cast the activations or the weights"):
+        M.moe_experts(x, idx, w, gate_up.to(BF16), down)
+    with pytest.raises(ValueError, match=r"\[E, 2I, H\]"):
+        M.moe_experts(x, idx, w, gate_up[:, :-1], down)
+    with pytest.raises(ValueError, match="hidden_states must be"):
+        M.moe_experts(x[:, :16], idx, w, gate_up, down)
+    with pytest.raises(ValueError, match=r"both be \[T, K\]"):
+        M.moe_experts(x, idx, w[:, :1], gate_up, down)
+    with pytest.raises(TypeError, match="int64 or int32"):
+        M.moe_experts(x, idx.float(), w, gate_up, down)
