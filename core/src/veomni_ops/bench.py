@@ -846,6 +846,10 @@ def plot(result: dict[str, Any], path: str) -> None:
         vals = [r["vs_eager"] for r in rows]
         colors = ["#999999" if r["kernel"] == "eager" else "#3a7bd5" for r in rows]
         ax.barh(range(len(rows)), vals, color=colors)
+        for i, v in enumerate(vals):
+            ax.text(v, i, f" {v:.2f}x", va="center", fontsize=7)
+        if vals and max(vals) / min(vals) > 8:
+            ax.set_xscale("log", base=2)
         ax.set_yticks(range(len(rows)))
         ax.set_yticklabels(labels, fontsize=7)
         ax.invert_yaxis()
