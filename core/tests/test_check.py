@@ -59,6 +59,29 @@ def _raises(gate, up):
     raise RuntimeError("kernel exploded")
 
 
+class _Writer(torch.autograd.Function):
+    """Right values and gradients, but it scribbles over its input ``gate`` (as some kernels
+    reuse an input's memory)."""
+
+    @staticmethod
+    def forward(ctx, gate, up):
+        g, u = gate.clone(), up.clone()
+        ctx.save_for_backward(g, u)
+        out = F.silu(g) * u
+        gate.zero_()
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        g, u = ctx.saved_tensors
+        s = torch.sigmoid(g)
+        return dout * u * s * (1 + g * (1 - s)), dout * g * s
+
+
+def _writer(gate, up):
+    return _Writer.apply(gate, up)
+
+
 def _sw(name, fn, **kw):
     # factory as a zero-argument callable returning the kernel (the KernelSpec's other form)
     return KernelSpec(name=name, op="swiglu", variant="standard", factory=lambda: fn, **kw)
@@ -70,6 +93,7 @@ WRONG = make_plugin("wrong", swiglu=[
     _sw("upcast", _upcast, dtypes=("bfloat16",)),
     _sw("raises", _raises, dtypes=("float32",)),
     _sw("gpuonly", _offby, hardware=HardwareRequirement(("cuda",), min_capability=(9, 0))),
+    _sw("writer", _writer, dtypes=("float32",)),
 ])
 
 
@@ -222,3 +246,10 @@ def test_seed_reproduces(op):
     worst = [[r.worst for r in k.results] for k in a.kernels]
     assert worst == [[r.worst for r in k.results] for k in b.kernels]
     assert worst != [[r.worst for r in k.results] for k in c.kernels]
+
+
+def test_writing_into_inputs_is_reported_not_failed(capsys):
+    rc = check.run(args(registry=reference_registry(("wrong", WRONG)), backend="writer"))
+    out = capsys.readouterr().out
+    assert rc == 0  # values and gradients are right: the reference saw a copy
+    assert "swiglu/standard writer [float32] note: writes into its input(s) gate (in place)" in out

@@ -28,6 +28,7 @@ installed entry points, e.g. to test a backend before it is installed).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -143,6 +144,8 @@ def run_param(registry: Registry, p: CaseParam, *, size: str, seed: int) -> None
         res = check_case(fn, rk.spec, h, p.variant, case, p.dtype, device, seed=case_seed(seed, p.index))
     if res.status == "unsupported":
         pytest.skip(f"{p.op}/{p.variant} {p.name} {res.describe()}")
+    for note in res.notes:
+        warnings.warn(f"{p.op}/{p.variant} {p.name} [{p.dtype}, {p.case}]: {note}", stacklevel=2)
     if not res.ok:
         lines = [
             f"{p.op}/{p.variant} kernel {p.name!r} ({rk.provenance.distribution} {rk.provenance.version}) "

@@ -149,6 +149,7 @@ class CaseResult:
     about: str = ""
     seconds: float = 0.0
     comparisons: list[Comparison] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -160,6 +161,8 @@ class CaseResult:
             head += f", worst error {_fmt_ratio(self.worst)} in {self.worst_in} (max |a-b| {self.max_abs:.3g})"
         if self.message:
             head += f" - {self.message}"
+        if self.notes:
+            head += " (note: " + "; ".join(self.notes) + ")"
         return head
 
     def to_dict(self) -> dict[str, Any]:
@@ -171,6 +174,7 @@ class CaseResult:
             "worst_in": self.worst_in,
             "max_abs": _json_float(self.max_abs),
             "message": self.message,
+            "notes": self.notes,
             "seconds": round(self.seconds, 4),
             "tensors": {c.name: {"ratio": _json_float(c.ratio), "max_abs": _json_float(c.max_abs), "scale": c.scale}
                         for c in self.comparisons},
@@ -208,11 +212,27 @@ def _where(e: BaseException) -> str:
 
 # --------------------------------------------------------------------------- one case
 def _float64(x: Any) -> Any:
+    # A copy even for float64: the reference must not see what a kernel writes into its inputs.
     if isinstance(x, torch.Tensor) and x.is_floating_point():
-        return x.detach().to(torch.float64)
+        return x.detach().to(torch.float64, copy=True)
     if isinstance(x, (list, tuple)):
         return type(x)(_float64(v) for v in x)
     return x
+
+
+def _tensors(inputs: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
+    out = []
+    for name, v in inputs.items():
+        if isinstance(v, torch.Tensor):
+            out.append((name, v))
+        elif isinstance(v, (list, tuple)):
+            out += [(f"{name}[{i}]", t) for i, t in enumerate(v) if isinstance(t, torch.Tensor)]
+    return out
+
+
+def _written(inputs: dict[str, Any], before: dict[str, torch.Tensor]) -> list[str]:
+    """Inputs whose values differ from the snapshot: the kernel wrote into them."""
+    return [name for name, t in _tensors(inputs) if name in before and not torch.equal(t.detach(), before[name])]
 
 
 def _leaves(inputs: dict[str, Any], names: Sequence[str]) -> list[tuple[str, torch.Tensor]]:
@@ -276,6 +296,8 @@ def check_case(
         res.status, res.message = ERROR, f"building the inputs failed: {_short(e)}{_where(e)}"
         return _done(res, t0)
     masks = h.out_masks(inputs) if h.out_masks else [None] * len(h.out_names)
+    # Snapshot (leaves below share storage with these tensors) to notice writes into inputs.
+    before = {name: t.detach().clone() for name, t in _tensors(inputs)}
     leaves = _leaves(inputs, case.diff) if want_grad else []
     ref_leaves = _leaves(ref_inputs, case.diff) if want_grad else []
 
@@ -309,6 +331,11 @@ def check_case(
         grads_ok = _compare_grads(res, outs, ref_outs, masks, leaves, ref_leaves, tol, seed)
         if not grads_ok:
             return _done(res, t0)
+    written = _written(inputs, before)
+    if written:
+        # Not a contract violation by itself (some kernels reuse an input's memory on purpose),
+        # but a caller that reads the tensor afterwards gets other values: report it.
+        res.notes.append(f"writes into its input(s) {', '.join(written)} (in place)")
 
     worst = max(res.comparisons, key=lambda c: c.ratio)
     res.worst, res.worst_in, res.max_abs = worst.ratio, worst.name, worst.max_abs
@@ -519,6 +546,8 @@ class CheckReport:
                 rows.append((k.op, k.variant, k.kernel, src, dtype, cases, wtxt, "FAIL" if bad else "pass"))
                 for r in bad:
                     notes.append(f"  {k.op}/{k.variant} {k.kernel} {r.describe()}")
+                kernel_notes = sorted({n for r in results if r.ok for n in r.notes})
+                notes += [f"  {k.op}/{k.variant} {k.kernel} [{dtype}] note: {n}" for n in kernel_notes]
                 if verbose:
                     notes += [f"  {k.op}/{k.variant} {k.kernel} {r.describe()}" for r in results if r.ok]
         widths = [max(len(r[i]) for r in rows) for i in range(len(head) - 1)]
