@@ -70,11 +70,6 @@ def check_float(op: str, name: str, t: torch.Tensor) -> None:
         )
 
 
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def num_sms(device: torch.device) -> int:
     """Streaming multiprocessors of ``device`` (cached: no driver call per launch, no sync).
 
@@ -83,11 +78,28 @@ def num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return 4
     index = device.index if device.index is not None else torch.cuda.current_device()
-    return _sm_count(index)
+    return sm_count(index)
 
 
 def next_pow2(n: int) -> int:
-    return triton.next_power_of_2(max(int(n), 1))
+    """Smallest power of two >= ``max(n, 1)``, in plain Python: ``triton.next_power_of_2`` and
+    ``triton.cdiv`` are ``constexpr_function`` wrappers in recent Triton, several microseconds
+    a call on the host."""
+    n = int(n)
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@functools.cache
+def sm_count(index: int) -> int:
+    """SMs of CUDA device ``index`` (``Tensor.get_device()``); ``-1`` (CPU, interpreter): a
+    small stand-in that keeps the number of programs low. Cached: one driver query a device."""
+    if index < 0:
+        return 4
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def as_rows(x: torch.Tensor, n: int) -> torch.Tensor:
@@ -101,6 +113,69 @@ def as_rows(x: torch.Tensor, n: int) -> torch.Tensor:
     if x2.stride(-1) != 1 and n > 1:
         x2 = x2.contiguous()
     return x2
+
+
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+
+def eager_path(*tensors: torch.Tensor) -> bool:
+    """True when the wrappers may call the raw launchers (through a lean ``autograd.Function``)
+    instead of the ``torch.library`` custom op: not while Dynamo traces (the custom op is what
+    ``torch.compile`` sees), and only for plain tensors (a tensor subclass, e.g. a FakeTensor
+    under ``make_fx`` or a DTensor, needs the op's dispatch)."""
+    if torch.compiler.is_compiling():
+        return False
+    for t in tensors:
+        if type(t) not in _PLAIN_TENSORS:
+            return False
+    return True
+
+
+def other_device(index: int):
+    """``None`` when CUDA device ``index`` (``Tensor.get_device()``, -1 for the CPU) is the
+    current one, which is the usual case and costs no context manager; else a
+    ``torch.cuda.device`` context to launch under (Triton launches on the current device)."""
+    if index < 0 or index == torch.cuda.current_device():
+        return None
+    return torch.cuda.device(index)
+
+
+def launch(index: int, kernel, grid: tuple, *args, **meta) -> None:
+    """``kernel[grid](*args, **meta)`` on CUDA device ``index``, entering a device context only
+    when that device is not the current one."""
+    dev = other_device(index)
+    if dev is None:
+        kernel[grid](*args, **meta)
+    else:
+        with dev:
+            kernel[grid](*args, **meta)
+
+
+def check_tensors(op: str, names: tuple[str, ...], tensors: tuple[torch.Tensor, ...]) -> int:
+    """Every tensor a float tensor on one device these kernels run on; returns the device index
+    (``get_device()``: -1 for the CPU). A handful of attribute reads on the good path; the
+    detailed messages come from :func:`check_device` / :func:`check_float` on the bad one."""
+    try:
+        index = tensors[0].get_device()
+        for t in tensors:
+            if t.dtype not in _FLOAT_DTYPES or t.get_device() != index:
+                break
+        else:
+            if index >= 0:
+                if tensors[0].is_cuda:  # (another accelerator is refused by check_device below)
+                    return index
+            elif _INTERPRET_AT_IMPORT:
+                check_device(op, *tensors)  # testing mode: CPU only (not meta), the full check
+                return index
+    except AttributeError:
+        pass
+    for name, t in zip(names, tensors):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"veomni_triton {op}: {name} must be a tensor, got {type(t).__name__}")
+    for name, t in zip(names, tensors):
+        check_float(op, name, t)
+    check_device(op, *tensors)
+    raise AssertionError("unreachable: check_device accepts what the fast path accepted")
 
 
 class _NullContext:

@@ -36,22 +36,36 @@ anything else is copied once with an explicit ``.contiguous()`` (see ``_common.a
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
-from ._common import as_rows, check_device, check_float, launch_device, next_pow2, num_sms
+from ._common import (
+    as_rows,
+    cdiv,
+    check_tensors,
+    eager_path,
+    launch,
+    next_pow2,
+    num_sms,  # noqa: F401  (re-exported: tests and the tuning script size grids with it)
+    sm_count,
+)
 
 # Widest row held in registers: 64 Ki fp32 over 1024 threads is 64 values a thread.
 MAX_HIDDEN = 65536
 
 
-# M is never specialised: one binary for every batch size (batch invariance, fewer compiles)
+# M is never specialised: one binary for every batch size (batch invariance, fewer compiles).
+# N (the hidden size) is a compile-time constant: a model has one or two, and a constant N
+# spares a launch argument and lets the compiler drop the column mask when N = BLOCK_N.
+# y, dx are fresh contiguous buffers: their row stride is N.
 @triton.jit(do_not_specialize=["M"])
 def _rms_norm_fwd_kernel(
     X, W, Y, RSTD,
-    M, N, stride_x, stride_y, eps,
-    OFFSET: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+    M, stride_x, eps,
+    N: tl.constexpr, OFFSET: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     pid = tl.program_id(0)
     rows = pid * ROWS + tl.arange(0, ROWS)
@@ -69,15 +83,15 @@ def _rms_norm_fwd_kernel(
     else:
         # the contract rounds x̂ to the input dtype before the weight multiply
         y = xhat.to(Y.dtype.element_ty).to(tl.float32) * w[None, :]
-    tl.store(Y + rows64[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    tl.store(Y + rows64[:, None] * N + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
     tl.store(RSTD + rows, rstd, mask=rmask)
 
 
 @triton.jit(do_not_specialize=["M", "blocks_per_prog"])
 def _rms_norm_bwd_kernel(
     DY, X, W, RSTD, DX, DWP,
-    M, N, stride_dy, stride_x, stride_dx, blocks_per_prog,
-    OFFSET: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+    M, stride_dy, stride_x, blocks_per_prog,
+    N: tl.constexpr, OFFSET: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
@@ -125,12 +139,12 @@ def _rms_norm_bwd_kernel(
             acc += dy * xhat.to(DX.dtype.element_ty).to(tl.float32)
         c = tl.sum(g * xhat, axis=1) / N
         dx = (g - xhat * c[:, None]) * rstd[:, None]
-        tl.store(DX + cur_rows64[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=cur_mask)
+        tl.store(DX + cur_rows64[:, None] * N + cols[None, :], dx.to(DX.dtype.element_ty), mask=cur_mask)
     tl.store(DWP + pid * N + cols, tl.sum(acc, axis=0), mask=cmask)
 
 
 @triton.jit
-def _column_sum_kernel(P, OUT, G, N, BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr):
+def _column_sum_kernel(P, OUT, G, N: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr):
     """OUT[c] = sum_g P[g, c] in a fixed order (deterministic second stage of dw)."""
     pid = tl.program_id(0)
     cols = pid * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -149,6 +163,7 @@ def _warps_for(tile: int) -> int:
     return max(4, min(32, tile // 512))
 
 
+@functools.lru_cache(maxsize=4096)
 def fwd_config(m: int, n: int, batch_invariant: bool, sms: int) -> tuple[int, int, int]:
     """(BLOCK_N, ROWS, num_warps) of the forward kernel.
 
@@ -158,11 +173,12 @@ def fwd_config(m: int, n: int, batch_invariant: bool, sms: int) -> tuple[int, in
     block_n = next_pow2(n)
     rows = max(1, min(64, 4096 // block_n))
     if not batch_invariant:
-        while rows > 1 and triton.cdiv(m, rows) < 4 * sms:
+        while rows > 1 and cdiv(m, rows) < 4 * sms:
             rows //= 2
     return block_n, rows, _warps_for(rows * block_n)
 
 
+@functools.lru_cache(maxsize=4096)
 def bwd_config(m: int, n: int, sms: int) -> tuple[int, int, int, int]:
     """(BLOCK_N, ROWS, num_warps, programs) of the backward kernel.
 
@@ -183,9 +199,20 @@ def bwd_config(m: int, n: int, sms: int) -> tuple[int, int, int, int]:
         warps, per_sm = 8, 2
     else:
         warps, per_sm = 16, 1
-    n_blocks = triton.cdiv(m, rows)
+    n_blocks = cdiv(m, rows)
     programs = max(1, min(n_blocks, per_sm * sms))
     return block_n, rows, warps, programs
+
+
+@functools.lru_cache(maxsize=4096)
+def _bwd_launch_config(m: int, n: int, sms: int) -> tuple[int, int, int, int, int, tuple[int, int, int]]:
+    """(BLOCK_N, ROWS, num_warps, programs, blocks_per_prog, column-sum config): the grid is
+    trimmed so that no program has an empty strip."""
+    block_n, rows, warps, programs = bwd_config(m, n, sms)
+    n_blocks = cdiv(m, rows)
+    blocks_per_prog = cdiv(n_blocks, programs)
+    programs = cdiv(n_blocks, blocks_per_prog)
+    return block_n, rows, warps, programs, blocks_per_prog, column_sum_config(programs, n)
 
 
 def column_sum_config(g: int, n: int) -> tuple[int, int, int]:
@@ -197,23 +224,80 @@ def column_sum_config(g: int, n: int) -> tuple[int, int, int]:
     return block_g, block_c, warps
 
 
-# ---------------------------------------------------------------- custom ops
+# ---------------------------------------------------------------- launchers
+# Plain functions on 2-D ``[M, N]`` rows (last stride 1), validated by the caller; ``index``
+# is the CUDA device (``Tensor.get_device()``, -1 on the CPU under the interpreter). They are
+# the bodies of both the eager ``autograd.Function`` and the ``torch.library`` custom ops.
+def _launch_fwd(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, offset: bool, batch_invariant: bool, index: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    m, n = x.shape
+    y = x.new_empty((m, n))
+    rstd = x.new_empty((m,), dtype=torch.float32)
+    if m == 0:
+        return y, rstd
+    block_n, rows, warps = fwd_config(m, n, batch_invariant, sm_count(index))
+    launch(
+        index, _rms_norm_fwd_kernel, (cdiv(m, rows),),
+        x, weight, y, rstd, m, x.stride(0), eps,
+        N=n, OFFSET=offset, ROWS=rows, BLOCK_N=block_n, num_warps=warps,
+    )
+    return y, rstd
+
+
+def _launch_bwd(
+    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, offset: bool, index: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    m, n = x.shape
+    dy = as_rows(dy, n)
+    dx = x.new_empty((m, n))
+    if m == 0:
+        return dx, torch.zeros_like(weight)
+    block_n, rows, warps, programs, blocks_per_prog, (block_g, block_c, warps_c) = _bwd_launch_config(
+        m, n, sm_count(index)
+    )
+    partial = x.new_empty((programs, n), dtype=torch.float32)
+    dw = weight.new_empty((n,))
+    launch(
+        index, _rms_norm_bwd_kernel, (programs,),
+        dy, x, weight, rstd, dx, partial, m, dy.stride(0), x.stride(0), blocks_per_prog,
+        N=n, OFFSET=offset, ROWS=rows, BLOCK_N=block_n, num_warps=warps,
+    )
+    launch(
+        index, _column_sum_kernel, (cdiv(n, block_c),),
+        partial, dw, programs, N=n, BLOCK_G=block_g, BLOCK_C=block_c, num_warps=warps_c,
+    )
+    return dx, dw
+
+
+# ---------------------------------------------------------------- eager autograd
+class _RMSNormFunction(torch.autograd.Function):
+    """The eager path: a lean autograd node around the launchers (no ``torch.library``
+    dispatch, a few microseconds less per call than the custom op; see ``_rms_norm``)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps, offset, batch_invariant, index):
+        y, rstd = _launch_fwd(x, weight, eps, offset, batch_invariant, index)
+        ctx.save_for_backward(x, weight, rstd)
+        ctx.offset = offset
+        ctx.index = index
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        x, weight, rstd = ctx.saved_tensors
+        dx, dw = _launch_bwd(dy, x, weight, rstd, ctx.offset, ctx.index)
+        need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        return (dx if need_x else None, dw if need_w else None, None, None, None, None)
+
+
+# ---------------------------------------------------------------- custom ops (torch.compile)
 @torch.library.custom_op("veomni_triton::rms_norm_fwd", mutates_args=())
 def _rms_norm_fwd(
     x: torch.Tensor, weight: torch.Tensor, eps: float, offset: bool, batch_invariant: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    m, n = x.shape
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    rstd = torch.empty((m,), dtype=torch.float32, device=x.device)
-    if m == 0:
-        return y, rstd
-    block_n, rows, warps = fwd_config(m, n, batch_invariant, num_sms(x.device))
-    with launch_device(x):
-        _rms_norm_fwd_kernel[(triton.cdiv(m, rows),)](
-            x, weight, y, rstd, m, n, x.stride(0), y.stride(0), eps,
-            OFFSET=offset, ROWS=rows, BLOCK_N=block_n, num_warps=warps,
-        )
-    return y, rstd
+    return _launch_fwd(x, weight, eps, offset, batch_invariant, x.get_device())
 
 
 @_rms_norm_fwd.register_fake
@@ -226,26 +310,7 @@ def _(x, weight, eps, offset, batch_invariant):
 def _rms_norm_bwd(
     dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, offset: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    m, n = x.shape
-    dy = as_rows(dy, n)
-    dx = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    if m == 0:
-        return dx, torch.zeros_like(weight)
-    block_n, rows, warps, programs = bwd_config(m, n, num_sms(x.device))
-    blocks_per_prog = triton.cdiv(triton.cdiv(m, rows), programs)
-    programs = triton.cdiv(triton.cdiv(m, rows), blocks_per_prog)
-    partial = torch.empty((programs, n), dtype=torch.float32, device=x.device)
-    dw = torch.empty((n,), dtype=weight.dtype, device=x.device)
-    with launch_device(x):
-        _rms_norm_bwd_kernel[(programs,)](
-            dy, x, weight, rstd, dx, partial, m, n, dy.stride(0), x.stride(0), dx.stride(0), blocks_per_prog,
-            OFFSET=offset, ROWS=rows, BLOCK_N=block_n, num_warps=warps,
-        )
-        block_g, block_c, warps_c = column_sum_config(programs, n)
-        _column_sum_kernel[(triton.cdiv(n, block_c),)](
-            partial, dw, programs, n, BLOCK_G=block_g, BLOCK_C=block_c, num_warps=warps_c,
-        )
-    return dx, dw
+    return _launch_bwd(dy, x, weight, rstd, offset, x.get_device())
 
 
 @_rms_norm_bwd.register_fake
@@ -276,17 +341,17 @@ _rms_norm_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 # ---------------------------------------------------------------- public kernels
+_NAMES = ("hidden_states", "weight")
+
+
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: bool, batch_invariant: bool) -> torch.Tensor:
     op = "rms_norm"
-    if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor):
-        raise TypeError(f"veomni_triton {op}: hidden_states and weight must be tensors")
-    check_device(op, x, weight)
-    check_float(op, "hidden_states", x)
-    check_float(op, "weight", weight)
-    if x.dim() < 1:
+    index = check_tensors(op, _NAMES, (x, weight))
+    shape = x.shape
+    if not shape:
         raise ValueError(f"veomni_triton {op}: hidden_states must have at least one dimension, got a scalar")
-    n = x.shape[-1]
-    if weight.dim() != 1 or weight.shape[0] != n:
+    n = shape[-1]
+    if weight.shape != (n,):
         raise ValueError(
             f"veomni_triton {op}: weight has shape {tuple(weight.shape)} but hidden_states' last dimension is {n}; "
             f"weight must be [{n}]"
@@ -296,12 +361,25 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: bool, b
             f"veomni_triton {op}: hidden size {n} is outside what this kernel holds in registers (1..{MAX_HIDDEN}); "
             "use another rms_norm implementation for this model"
         )
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps >= 0:
+    if type(eps) is not float:
+        if not isinstance(eps, (int, float)) or isinstance(eps, bool):
+            raise ValueError(f"veomni_triton {op}: eps must be a non-negative float, got {eps!r}")
+        eps = float(eps)
+    if not eps >= 0:
         raise ValueError(f"veomni_triton {op}: eps must be a non-negative float, got {eps!r}")
-    if weight.stride(0) != 1 and n > 1:
+    if n > 1 and weight.stride(0) != 1:
         weight = weight.contiguous()  # the kernels read w with unit stride (a strided view is rare: copy it)
-    y, _rstd = _rms_norm_fwd(as_rows(x, n), weight, float(eps), offset, batch_invariant)
-    return y.view(x.shape)
+    x2 = as_rows(x, n)
+    if eager_path(x, weight):
+        # eager: the launchers directly, through a lean autograd node only when a gradient is due
+        if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+            y = _RMSNormFunction.apply(x2, weight, eps, offset, batch_invariant, index)
+        else:
+            y = _launch_fwd(x2, weight, eps, offset, batch_invariant, index)[0]
+    else:
+        # torch.compile (and tensor subclasses): the custom op, which Dynamo traces without a break
+        y = _rms_norm_fwd(x2, weight, eps, offset, batch_invariant)[0]
+    return y if len(shape) == 2 else y.view(shape)
 
 
 def rms_norm_standard(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

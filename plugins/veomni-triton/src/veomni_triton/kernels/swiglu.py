@@ -19,11 +19,13 @@ explicitly (``_common.as_rows``).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
-from ._common import as_rows, check_device, check_float, launch_device
+from ._common import as_rows, cdiv, check_tensors, eager_path, launch
 
 
 @triton.jit
@@ -79,31 +81,85 @@ FWD_CONFIG = (2048, 4)
 BWD_CONFIG = (1024, 4)
 
 
-def _geometry(block: int, *mats: torch.Tensor) -> tuple[bool, int, int, int]:
-    """(flat, n_cols, n_col_blocks, grid) for ``[M, I]`` operands."""
-    m, n = mats[0].shape
-    flat = all(t.is_contiguous() for t in mats)
+@functools.lru_cache(maxsize=4096)
+def _geometry(block: int, m: int, n: int, flat: bool) -> tuple[int, int, int]:
+    """(n_cols, n_col_blocks, grid) for ``[M, I]`` operands, walked flat or by rows."""
     if flat:
         cols = m * n
-        blocks = triton.cdiv(cols, block)
-        return True, cols, blocks, blocks
-    blocks = triton.cdiv(n, block)
-    return False, n, blocks, m * blocks
+        blocks = cdiv(cols, block)
+        return cols, blocks, blocks
+    blocks = cdiv(n, block)
+    return n, blocks, m * blocks
 
 
-@torch.library.custom_op("veomni_triton::swiglu_fwd", mutates_args=())
-def _swiglu_fwd(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    y = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
-    if y.numel() == 0:
+def _flat(*mats: torch.Tensor) -> bool:
+    for t in mats:
+        if not t.is_contiguous():
+            return False
+    return True
+
+
+# ---------------------------------------------------------------- launchers
+# Plain functions on 2-D ``[M, I]`` operands (last stride 1), validated by the caller;
+# ``index`` is the CUDA device (-1 on the CPU under the interpreter). They are the bodies of
+# both the eager ``autograd.Function`` and the ``torch.library`` custom ops.
+def _launch_fwd(gate: torch.Tensor, up: torch.Tensor, index: int) -> torch.Tensor:
+    m, n = gate.shape
+    y = gate.new_empty((m, n))
+    if m == 0:
         return y
     block, warps = FWD_CONFIG
-    flat, n_cols, n_blocks, grid = _geometry(block, gate, up, y)
-    with launch_device(gate):
-        _swiglu_fwd_kernel[(grid,)](
-            gate, up, y, n_cols, n_blocks, gate.stride(0), up.stride(0), y.stride(0),
-            FLAT=flat, BLOCK=block, num_warps=warps,
-        )
+    flat = _flat(gate, up)
+    n_cols, n_blocks, grid = _geometry(block, m, n, flat)
+    launch(
+        index, _swiglu_fwd_kernel, (grid,),
+        gate, up, y, n_cols, n_blocks, gate.stride(0), up.stride(0), n,
+        FLAT=flat, BLOCK=block, num_warps=warps,
+    )
     return y
+
+
+def _launch_bwd(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    m, n = gate.shape
+    dy = as_rows(dy, n)
+    dg = gate.new_empty((m, n))
+    du = up.new_empty((m, n))
+    if m == 0:
+        return dg, du
+    block, warps = BWD_CONFIG
+    flat = _flat(dy, gate, up)
+    n_cols, n_blocks, grid = _geometry(block, m, n, flat)
+    launch(
+        index, _swiglu_bwd_kernel, (grid,),
+        dy, gate, up, dg, du, n_cols, n_blocks, dy.stride(0), gate.stride(0), up.stride(0), n,
+        FLAT=flat, BLOCK=block, num_warps=warps,
+    )
+    return dg, du
+
+
+# ---------------------------------------------------------------- eager autograd
+class _SwiGLUFunction(torch.autograd.Function):
+    """The eager path: a lean autograd node around the launchers (no ``torch.library``
+    dispatch; see ``silu_mul``)."""
+
+    @staticmethod
+    def forward(ctx, gate, up, index):
+        ctx.save_for_backward(gate, up)
+        ctx.index = index
+        return _launch_fwd(gate, up, index)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        gate, up = ctx.saved_tensors
+        dg, du = _launch_bwd(dy, gate, up, ctx.index)
+        return (dg if ctx.needs_input_grad[0] else None, du if ctx.needs_input_grad[1] else None, None)
+
+
+# ---------------------------------------------------------------- custom ops (torch.compile)
+@torch.library.custom_op("veomni_triton::swiglu_fwd", mutates_args=())
+def _swiglu_fwd(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return _launch_fwd(gate, up, gate.get_device())
 
 
 @_swiglu_fwd.register_fake
@@ -113,19 +169,7 @@ def _(gate, up):
 
 @torch.library.custom_op("veomni_triton::swiglu_bwd", mutates_args=())
 def _swiglu_bwd(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    dy = as_rows(dy, gate.shape[1])
-    dg = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
-    du = torch.empty(up.shape, dtype=up.dtype, device=up.device)
-    if dg.numel() == 0:
-        return dg, du
-    block, warps = BWD_CONFIG
-    flat, n_cols, n_blocks, grid = _geometry(block, dy, gate, up, dg)
-    with launch_device(gate):
-        _swiglu_bwd_kernel[(grid,)](
-            dy, gate, up, dg, du, n_cols, n_blocks, dy.stride(0), gate.stride(0), up.stride(0), dg.stride(0),
-            FLAT=flat, BLOCK=block, num_warps=warps,
-        )
-    return dg, du
+    return _launch_bwd(dy, gate, up, gate.get_device())
 
 
 @_swiglu_bwd.register_fake
@@ -147,15 +191,16 @@ def _backward(ctx, dy):
 _swiglu_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
+# ---------------------------------------------------------------- public kernel
+_NAMES = ("gate", "up")
+
+
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` (fp32 math, output in the input dtype)."""
     op = "swiglu"
-    for name, t in (("gate", gate), ("up", up)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"veomni_triton {op}: {name} must be a tensor, got {type(t).__name__}")
-        check_float(op, name, t)
-    check_device(op, gate, up)
-    if gate.shape != up.shape:
+    index = check_tensors(op, _NAMES, (gate, up))
+    shape = gate.shape
+    if shape != up.shape:
         raise ValueError(
             f"veomni_triton {op}: gate {tuple(gate.shape)} and up {tuple(up.shape)} must have the same shape "
             "(both are [..., intermediate_size])"
@@ -164,10 +209,20 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         raise TypeError(
             f"veomni_triton {op}: gate is {gate.dtype} but up is {up.dtype}; cast one so that both match"
         )
-    if gate.dim() == 0 or gate.shape[-1] == 0:
+    if not shape or shape[-1] == 0:
         raise ValueError(
             f"veomni_triton {op}: gate and up must be [..., I] with I >= 1, got {tuple(gate.shape)}"
         )
-    n = gate.shape[-1]
-    y = _swiglu_fwd(as_rows(gate, n), as_rows(up, n))
-    return y.view(gate.shape)
+    n = shape[-1]
+    g2 = as_rows(gate, n)
+    u2 = as_rows(up, n)
+    if eager_path(gate, up):
+        # eager: the launchers directly, through a lean autograd node only when a gradient is due
+        if torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad):
+            y = _SwiGLUFunction.apply(g2, u2, index)
+        else:
+            y = _launch_fwd(g2, u2, index)
+    else:
+        # torch.compile (and tensor subclasses): the custom op, which Dynamo traces without a break
+        y = _swiglu_fwd(g2, u2)
+    return y if len(shape) == 2 else y.view(shape)
