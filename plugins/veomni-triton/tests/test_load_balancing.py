@@ -1,0 +1,116 @@
+"""Fused load-balancing loss vs transformers' load_balancing_loss_func in float64, fwd and bwd."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _helpers import assert_close, core_kernels
+from veomni_triton.kernels import load_balancing as LB
+
+F32, BF16 = torch.float32, torch.bfloat16
+OP = "load_balancing_loss"
+
+
+def transformers_loss(logits, num_experts, top_k, mask):
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
+
+    return load_balancing_loss_func(tuple(logits), num_experts, top_k, mask)
+
+
+def run(fn, logits, num_experts, top_k, mask, cast=None, grad_scale=1.0):
+    leaves = [x.detach().to(cast or x.dtype).requires_grad_() for x in logits]
+    loss = fn(leaves, num_experts, top_k, mask)
+    (loss * grad_scale).backward()
+    return loss.detach(), [x.grad for x in leaves]
+
+
+def check(ours, ref, what):
+    loss, grads = ours
+    loss64, grads64 = ref
+    assert loss.dtype == torch.float32
+    assert_close(loss, loss64, OP, f"{what} loss")
+    for i, (g, g64) in enumerate(zip(grads, grads64)):
+        assert g.dtype == grads[0].dtype and g.shape == g64.shape
+        assert_close(g, g64, OP, f"{what} d_logits[{i}]")
+
+
+@pytest.mark.parametrize(
+    "dtype,masked,e,k",
+    [(F32, False, 8, 2), (F32, True, 8, 2), (BF16, True, 8, 2), (F32, True, 6, 3), (F32, False, 5, 5)],
+)
+def test_matches_transformers_in_float64(dtype, masked, e, k):
+    num_layers, b, s = 3, 2, 19
+    logits = [torch.randn(b * s, e, dtype=dtype) * 2 for _ in range(num_layers)]
+    mask = (torch.rand(b, s) > 0.3).long() if masked else None
+    ours = run(LB.load_balancing_loss, logits, e, k, mask, grad_scale=3.0)
+    ref = run(transformers_loss, logits, e, k, mask, cast=torch.float64, grad_scale=3.0)
+    check(ours, ref, f"{dtype} masked={masked} E={e} K={k}")
+    # bitwise reproducible: fixed-order reductions, no atomics
+    again = run(LB.load_balancing_loss, logits, e, k, mask, grad_scale=3.0)
+    assert torch.equal(ours[0], again[0])
+    assert all(torch.equal(a, b) for a, b in zip(ours[1], again[1]))
+
+
+def test_matches_core_reference():
+    core = core_kernels("load_balancing")
+    logits = [torch.randn(24, 8) for _ in range(2)]
+    mask = (torch.rand(4, 6) > 0.25).to(torch.int64)
+    ours = run(LB.load_balancing_loss, logits, 8, 2, mask)
+    ref = run(core.load_balancing_loss, logits, 8, 2, mask)
+    torch.testing.assert_close(ours[0], ref[0], atol=1e-6, rtol=1e-5)
+    for a, b in zip(ours[1], ref[1]):
+        torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-4)
+
+
+def test_strided_logits_many_programs_and_ties():
+    # 300 tokens: several token strips per layer; each layer is a column slice of a wider router
+    # output (row stride 20, read in place, no copy)
+    e, k = 16, 4
+    logits = [torch.randn(300, 20)[:, 2:18] for _ in range(3)]
+    assert logits[0].stride(0) == 20
+    ours = run(LB.load_balancing_loss, logits, e, k, None)
+    ref = run(transformers_loss, logits, e, k, None, cast=torch.float64)
+    check(ours, ref, "strided")
+    # every token ties on all experts: the top-k takes the lowest indices (torch.topk's choice
+    # among ties is unspecified, so no transformers comparison), and with P_e = 1/E the loss is
+    # E * sum_e (count_e / N) / E = K whichever experts win
+    uniform, grads = run(LB.load_balancing_loss, [torch.zeros(300, e)], e, k, None)
+    assert uniform.item() == pytest.approx(k, rel=1e-6)
+    # the gradient shows which experts won: p = 1/E, g_e = E*count_e/N^2 (count_e = N for the
+    # first k experts, 0 for the rest), dlogit_e = p * (g_e - mean_p(g))
+    t = 300
+    expected = torch.full((t, e), -k / (e * t), dtype=torch.float64)
+    expected[:, :k] = (e - k) / (e * t)
+    torch.testing.assert_close(grads[0].double(), expected, atol=1e-9, rtol=1e-5)
+
+
+def test_stacked_tensor_input_and_compile():
+    e, k = 8, 2
+    stacked = torch.randn(2, 10, e)
+    mask = torch.ones(2, 5, dtype=torch.bool)
+    mask[1, 3:] = False
+    eager = LB.load_balancing_loss(stacked, e, k, mask)
+    assert torch.equal(eager, LB.load_balancing_loss(list(stacked.unbind(0)), e, k, mask))
+
+    def fn(layers, msk):
+        return LB.load_balancing_loss(layers, e, k, msk) * 0.01
+
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    want = run(lambda xs, *_: fn(xs, mask), list(stacked.unbind(0)), e, k, None)
+    got = run(lambda xs, *_: compiled(xs, mask), list(stacked.unbind(0)), e, k, None)
+    assert torch.equal(got[0], want[0])
+    assert all(torch.equal(a, b) for a, b in zip(got[1], want[1]))
+
+
+def test_bad_inputs_are_explained():
+    x = [torch.randn(6, 4), torch.randn(6, 4)]
+    with pytest.raises(ValueError, match="num_experts=5"):
+        LB.load_balancing_loss(x, 5, 2)
+    with pytest.raises(ValueError, match="top_k=0"):
+        LB.load_balancing_loss(x, 4, 0)
+    with pytest.raises(ValueError, match="every layer must give"):
+        LB.load_balancing_loss([x[0], torch.randn(5, 4)], 4, 2)
+    with pytest.raises(ValueError, match="B\\*S == T"):
+        LB.load_balancing_loss(x, 4, 2, torch.ones(2, 4))
+    with pytest.raises(TypeError, match="non-empty sequence"):
+        LB.load_balancing_loss([], 4, 2)
