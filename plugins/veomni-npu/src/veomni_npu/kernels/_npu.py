@@ -1,0 +1,90 @@
+"""The one import of ``torch_npu``, and the input checks the NPU adapters share.
+
+``torch_npu`` is Ascend's PyTorch adapter: importing it registers the ``npu`` device with
+torch and the ``torch_npu.npu_*`` operators. It only imports where the Ascend CANN toolkit
+is installed (it loads CANN's shared libraries), so a missing torch_npu or a missing CANN
+both fail here, at resolution time, with one message that says what to install.
+
+The checks look at shapes, dtypes and devices, and at the documented limits of the Ascend
+kernels, so a request the kernel cannot serve is a clear error here instead of an opaque
+ACL error code (or an out-of-bounds read) on the device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+INSTALL = (
+    "install Ascend's PyTorch adapter built for your torch (pip install torch-npu==<your torch version>, "
+    "e.g. torch 2.7.1 -> pip install torch-npu==2.7.1; or pip install \"veomni-npu[torch-npu]\"), on a machine "
+    "with an Ascend NPU and the Ascend CANN toolkit installed and its environment sourced "
+    "(source /usr/local/Ascend/ascend-toolkit/set_env.sh)"
+)
+
+try:
+    import torch_npu
+except (ImportError, OSError) as e:  # OSError: CANN's shared libraries missing or unloadable
+    raise ImportError(
+        f"the veomni-npu kernels need torch_npu, which failed to import ({type(e).__name__}: {e}). "
+        f"To fix: {INSTALL}. Or choose another kernel (e.g. 'eager') for this op."
+    ) from e
+
+__all__ = ["torch_npu"]
+
+#: The device type the adapters accept tensors on. The test suite's stand-in torch_npu
+#: (plain torch on the CPU) marks itself with ``IS_STAND_IN``; the real one computes on NPUs.
+TENSOR_DEVICE = "cpu" if getattr(torch_npu, "IS_STAND_IN", False) else "npu"
+
+#: dtypes the Ascend kernels used here take (none takes float64).
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_tensor(x: object, name: str, op: str) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{op} (npu): {name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.device.type != TENSOR_DEVICE:
+        raise ValueError(
+            f"{op} (npu): {name} is on {x.device}; the npu kernels take tensors on an Ascend NPU "
+            f"(move the model and inputs with .to('npu')), or choose a kernel for {x.device.type}"
+        )
+    return x
+
+
+def check_kernel_dtype(x: object, name: str, op: str) -> None:
+    check_tensor(x, name, op)
+    if x.dtype not in KERNEL_DTYPES:
+        raise TypeError(
+            f"{op} (npu): {name} has dtype {x.dtype}; the Ascend kernels take float32, bfloat16 or float16 "
+            f"(cast it, e.g. {name}.to(torch.bfloat16), or use the 'eager' kernel for float64)"
+        )
+
+
+def check_integer(x: object, name: str, op: str) -> None:
+    check_tensor(x, name, op)
+    if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
+        raise TypeError(f"{op} (npu): {name} has dtype {x.dtype}; it must be an integer tensor (use {name}.long())")
+
+
+def check_same_device(op: str, **tensors: torch.Tensor | None) -> None:
+    devices = {name: t.device for name, t in tensors.items() if t is not None}
+    if len(set(devices.values())) > 1:
+        listing = ", ".join(f"{n} on {d}" for n, d in devices.items())
+        raise ValueError(f"{op} (npu): inputs are on different devices ({listing}); move them to one device")
+
+
+def check_same_dtype(op: str, **tensors: torch.Tensor | None) -> None:
+    dtypes = {name: t.dtype for name, t in tensors.items() if t is not None}
+    if len(set(dtypes.values())) > 1:
+        listing = ", ".join(f"{n} {d}" for n, d in dtypes.items())
+        raise TypeError(f"{op} (npu): inputs have different dtypes ({listing}); cast them to one dtype")
+
+
+def check_ndim(x: torch.Tensor, ndim: int, name: str, op: str, layout: str) -> None:
+    if x.dim() != ndim:
+        raise ValueError(f"{op} (npu): {name} must be {ndim}-D {layout}, got shape {tuple(x.shape)}")
+
+
+def check_eps(eps: object, op: str) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps < 0:
+        raise ValueError(f"{op} (npu): eps must be a non-negative Python float, got {eps!r}")
+    return float(eps)

@@ -1,0 +1,159 @@
+"""``moe_experts`` contract -> VeOmni's ``fused_npu`` path on torch_npu.
+
+The same five steps as VeOmni's ``_npu_fused_moe_forward`` (``veomni/ops/kernels/moe/
+npu_group_gemm.py``), written from the torch_npu / CANN documentation:
+
+1. ``torch_npu.npu_moe_token_permute(tokens [T, H], indices [T, K])`` -> ``(permuted
+   [T*K, H], sorted_indices int32 [T*K])``: the T*K routes sorted by expert
+   (``argsort(flatten(indices))``), ``sorted_indices`` = where each flat route ``t*K + k``
+   landed. Autograd: ``tokens`` (op-plugin ``derivatives.yaml``, since op-plugin 7.2.0).
+2. ``npu_grouped_matmul([permuted], [gate_up_proj^T [E, H, 2I]], group_list=ends,
+   group_type=0, group_list_type=0, split_item=2)``: one GEMM per expert over its
+   contiguous rows (``ends`` = cumulative route counts, a device tensor: no host sync).
+3. ``torch_npu.npu_swiglu(gate_up, dim=-1)``: silu(first half) * second half -- the gate
+   rows of ``gate_up_proj`` come first (transformers v5 layout), so no reordering.
+4. ``npu_grouped_matmul`` with ``down_proj^T [E, I, H]``.
+5. ``torch_npu.npu_moe_token_unpermute(y, sorted_indices, probs=top_k_weights)``:
+   ``out[t] = sum_k probs[t, k] * y[sorted_indices[t*K + k]]``. Autograd: permuted tokens and
+   probs (``_npu_moe_token_unpermute`` in ``derivatives.yaml``, since op-plugin 7.2.0).
+
+``npu_grouped_matmul`` has no autograd formula, so :class:`_GroupedMatmul` supplies one
+(what VeOmni's ``GmmFunction`` does): ``dX = gmm(dY, W^T)`` grouped over M, and
+``dW = gmm(X^T, dY)`` grouped over K (``group_type=2``), one ``[K, N]`` block per expert.
+
+Routes whose expert id is outside ``[0, E)`` (transformers' expert-parallel sentinel)
+contribute nothing, as in the core's ``grouped_mm`` kernel: they are sent to expert 0 with
+weight 0 (their rows are computed and multiplied by zero; no host sync to drop them).
+
+Documented limits checked here: K <= 512 (permute/unpermute), E <= 1024 groups, H and 2I
+below 65536 (grouped-matmul inner-axis limit). The permute/unpermute kernels are listed for
+Atlas A2/A3 only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ._npu import check_integer, check_kernel_dtype, check_ndim, check_same_device, check_same_dtype, torch_npu
+
+_OP = "moe_experts"
+MAX_TOP_K = 512  # npu_moe_token_permute / unpermute: topK <= 512
+MAX_EXPERTS = 1024  # npu_grouped_matmul with a tensor group_list: at most 1024 groups
+INNER_LIMIT = 65536  # npu_grouped_matmul: the last dim of x and of weight must be below this
+
+
+def _gmm(x: torch.Tensor, weight: torch.Tensor, group_list: torch.Tensor, *, group_type: int, split_item: int) -> torch.Tensor:
+    return torch_npu.npu_grouped_matmul(
+        [x], [weight], bias=None, group_list=group_list, split_item=split_item, group_type=group_type,
+        group_list_type=0,
+    )[0]
+
+
+class _GroupedMatmul(torch.autograd.Function):
+    """``y[rows of e] = x[rows of e] @ weight[e]`` for every expert e; ``group_ends`` = cumsum of rows."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, group_ends: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, weight, group_ends)
+        return _gmm(x, weight, group_ends, group_type=0, split_item=2)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
+        x, weight, group_ends = ctx.saved_tensors
+        grad_out = grad_out.contiguous()  # the M-grouped GEMM takes no transposed left operand
+        grad_x = grad_w = None
+        if ctx.needs_input_grad[0]:
+            # [M, N] @ [E, N, K] grouped over M -> [M, K]
+            grad_x = _gmm(grad_out, weight.transpose(1, 2), group_ends, group_type=0, split_item=2)
+        if ctx.needs_input_grad[1]:
+            # [K, M] @ [M, N] grouped over the shared M axis -> [E, K, N]: one block per expert
+            grad_w = _gmm(x.t(), grad_out, group_ends, group_type=2, split_item=3)
+        return grad_x, grad_w, None
+
+
+def _check(
+    hidden_states: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+) -> None:
+    check_kernel_dtype(hidden_states, "hidden_states", _OP)
+    check_integer(top_k_index, "top_k_index", _OP)
+    check_kernel_dtype(top_k_weights, "top_k_weights", _OP)
+    check_kernel_dtype(gate_up_proj, "gate_up_proj", _OP)
+    check_kernel_dtype(down_proj, "down_proj", _OP)
+    check_ndim(hidden_states, 2, "hidden_states", _OP, "[T, H] (flatten batch and sequence first)")
+    check_ndim(top_k_index, 2, "top_k_index", _OP, "[T, K]")
+    check_ndim(top_k_weights, 2, "top_k_weights", _OP, "[T, K]")
+    check_ndim(gate_up_proj, 3, "gate_up_proj", _OP, "[E, 2I, H]")
+    check_ndim(down_proj, 3, "down_proj", _OP, "[E, H, I]")
+    check_same_device(_OP, hidden_states=hidden_states, top_k_index=top_k_index, top_k_weights=top_k_weights,
+                      gate_up_proj=gate_up_proj, down_proj=down_proj)
+    check_same_dtype(_OP, hidden_states=hidden_states, gate_up_proj=gate_up_proj, down_proj=down_proj)
+    t, h = hidden_states.shape
+    if top_k_index.shape != top_k_weights.shape or top_k_index.shape[0] != t:
+        raise ValueError(
+            f"{_OP} (npu): top_k_index {tuple(top_k_index.shape)} and top_k_weights {tuple(top_k_weights.shape)} "
+            f"must both be [T, K] with T = {t} tokens"
+        )
+    e, two_i, h_in = gate_up_proj.shape
+    if h_in != h or two_i % 2:
+        raise ValueError(
+            f"{_OP} (npu): gate_up_proj {tuple(gate_up_proj.shape)} must be [E, 2I, H] with H = {h} "
+            "(transformers v5 layout: gate rows first, then up rows)"
+        )
+    if tuple(down_proj.shape) != (e, h, two_i // 2):
+        raise ValueError(
+            f"{_OP} (npu): down_proj {tuple(down_proj.shape)} must be [E, H, I] = [{e}, {h}, {two_i // 2}] "
+            f"to match gate_up_proj {tuple(gate_up_proj.shape)}"
+        )
+    k = top_k_index.shape[1]
+    if not 1 <= k <= MAX_TOP_K:
+        raise ValueError(f"{_OP} (npu): npu_moe_token_permute takes 1 to {MAX_TOP_K} routes per token, got K = {k}")
+    if not 1 <= e <= MAX_EXPERTS:
+        raise ValueError(
+            f"{_OP} (npu): npu_grouped_matmul takes 1 to {MAX_EXPERTS} groups, got {e} experts; "
+            "use another moe_implementation (e.g. 'eager') for this model"
+        )
+    if max(h, two_i) >= INNER_LIMIT:
+        raise ValueError(
+            f"{_OP} (npu): npu_grouped_matmul needs the hidden size ({h}) and 2 x intermediate size ({two_i}) "
+            f"below {INNER_LIMIT}; use another moe_implementation (e.g. 'eager') for this model"
+        )
+
+
+def moe_experts(
+    hidden_states: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+) -> torch.Tensor:
+    """Routed SiLU-gated experts, transformers v5 layout; output ``[T, H]`` in ``hidden_states.dtype``."""
+    _check(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj)
+    t = hidden_states.shape[0]
+    num_experts = gate_up_proj.shape[0]
+    dtype = hidden_states.dtype
+    if t == 0:
+        return hidden_states * 0  # the permute kernel takes no empty input; an empty result, in the graph
+    valid = (top_k_index >= 0) & (top_k_index < num_experts)
+    index = torch.where(valid, top_k_index, torch.zeros_like(top_k_index)).to(torch.int32)
+    # The unpermute kernel takes probs in the tokens' dtype (the model's routing weights are
+    # cast to the hidden dtype before the weighted sum, as the eager reference's product is).
+    weights = torch.where(valid, top_k_weights, torch.zeros_like(top_k_weights)).to(dtype)
+
+    # Route counts per expert, then their running sum: the row range of each expert in the
+    # permuted order (fixed size E, computed on the device, no host sync).
+    flat = index.reshape(-1).long()
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    group_ends = counts.cumsum(0)
+
+    permuted, sorted_indices = torch_npu.npu_moe_token_permute(hidden_states, index)
+    gate_up = _GroupedMatmul.apply(permuted, gate_up_proj.transpose(1, 2), group_ends)  # [T*K, 2I]
+    act = torch_npu.npu_swiglu(gate_up, dim=-1)  # [T*K, I] = silu(gate) * up
+    y = _GroupedMatmul.apply(act, down_proj.transpose(1, 2), group_ends)  # [T*K, H]
+    return torch_npu.npu_moe_token_unpermute(y, sorted_indices, probs=weights)

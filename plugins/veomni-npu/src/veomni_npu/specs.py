@@ -1,0 +1,149 @@
+"""Hook implementations of the ``npu`` backend (Ascend NPUs through ``torch_npu``).
+
+This module is the entry point the core discovers (``veomni_ops.backends: npu``). It must
+stay light: it imports only ``veomni_ops`` -- never torch or ``torch_npu``. The adapters are
+named by ``factory`` strings and imported only when a plan selects them.
+
+NOTHING HERE HAS RUN ON A REAL NPU. Every adapter is written from Ascend's documentation
+(torch_npu API reference, op-plugin ``derivatives.yaml``, the CANN kernels' golden
+references) and tested against a stand-in ``torch_npu`` in plain torch. The tolerances are
+declared from the documented arithmetic, not measured.
+
+Every spec is named ``npu`` (VeOmni's values: ``rms_norm_implementation: npu``,
+``rotary_pos_emb_implementation: npu``; ``moe_implementation: fused_npu`` maps to ``npu``).
+
+* ``hardware``: device type ``npu``. The core cannot tell Ascend generations apart; the
+  README lists what needs an Atlas A2/A3 (910B/910C) part: bfloat16 and mixed-dtype RMSNorm,
+  ``npu_swiglu``, the MoE token permutation.
+* ``supports_backward``: from op-plugin's ``op_plugin/config/derivatives.yaml``, which
+  registers autograd formulas for ``npu_rms_norm`` (self, gamma), ``npu_rotary_mul`` (self,
+  r1, r2), ``npu_swiglu`` (self), ``npu_moe_token_permute`` (tokens) and
+  ``_npu_moe_token_unpermute`` (permuted_tokens, probs). ``npu_grouped_matmul`` has none:
+  the MoE adapter wraps it in its own autograd function (as VeOmni's ``fused_npu`` does).
+* ``requires``: ``torch-npu>=2.1`` for the elementwise ops (their autograd formulas are
+  declared for torch_npu v2.1 and newer). The MoE kernel needs ``torch-npu>=2.7.1``: the
+  permute/unpermute autograd formulas first appear in op-plugin 7.2.0, and 2.7.1 is the
+  first torch-npu line released from 7.2.0 (README, "Versions").
+* ``supports_compile``: False everywhere (unverified; torchair / dynamo on NPU never run).
+* Not registered: ``cross_entropy`` (VeOmni's NPU path ``chunk_loss`` is plain PyTorch; the
+  core's ``chunked`` kernel is that, and runs on any device), ``load_balancing_loss`` and
+  ``attention`` (no torch_npu kernel with those contracts here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from veomni_ops.hookspecs import hookimpl
+from veomni_ops.spec import HardwareRequirement, KernelSpec, Tolerance
+
+NAME = "npu"
+PRIORITY = 20
+INSTALL_HINT = 'pip install "veomni-ops[npu]"'
+DTYPES = ("float32", "bfloat16", "float16")
+_KERNELS = "veomni_npu.kernels"
+
+_NPU = HardwareRequirement(("npu",))
+
+#: torch-npu floor per adapter (README "Versions" gives the reasons).
+MIN_TORCH_NPU = {
+    "rms_norm": "2.1",
+    "rotary": "2.1",
+    "swiglu": "2.1",
+    "moe_experts": "2.7.1",
+}
+
+# float32 math inside the kernel (the CANN golden references upcast), one rounding to the
+# input dtype at the end; the gradients likewise.
+_ELEMENTWISE_TOL: Mapping[str, Tolerance] = {
+    "float32": Tolerance(1e-5, 1e-4),
+    "bfloat16": Tolerance(2e-2, 2e-2),
+    "float16": Tolerance(2e-3, 2e-3),
+}
+# Three roundings in the input dtype (the GEMM outputs and the activation), the weighted sum
+# over K routes inside npu_moe_token_unpermute at an undocumented precision, and float32
+# GEMMs that may run on the cube unit at reduced (HF32) precision: wider than elementwise.
+_MOE_TOL: Mapping[str, Tolerance] = {
+    "float32": Tolerance(5e-3, 5e-3),
+    "bfloat16": Tolerance(3e-2, 3e-2),
+    "float16": Tolerance(5e-3, 5e-3),
+}
+
+
+def _spec(
+    op: str,
+    variant: str,
+    factory: str,
+    tolerances: Mapping[str, Tolerance],
+    description: str,
+) -> KernelSpec:
+    return KernelSpec(
+        name=NAME,
+        op=op,
+        variant=variant,
+        factory=f"{_KERNELS}.{factory}",
+        hardware=_NPU,
+        requires=(f"torch-npu>={MIN_TORCH_NPU[op]}",),
+        supports_backward=True,
+        supports_compile=False,
+        dtypes=DTYPES,
+        priority=PRIORITY,
+        tolerances=dict(tolerances),
+        description=description,
+        install_hint=INSTALL_HINT,
+    )
+
+
+@hookimpl
+def rms_norm() -> list[KernelSpec]:
+    return [
+        _spec(
+            "rms_norm", "standard", "rms_norm:rms_norm_standard", _ELEMENTWISE_TOL,
+            "torch_npu.npu_rms_norm(x, w, eps): x * rstd * w in float32, one cast at the end (not run on an NPU)",
+        ),
+        # Exact to the contract: gamma = 1 + w formed in float32 (as the reference forms it),
+        # and npu_rms_norm with a float32 gamma computes x * rstd * gamma in float32 and casts
+        # once (CANN's golden reference); bf16/fp16 x with a float32 gamma is a documented pair.
+        _spec(
+            "rms_norm", "offset", "rms_norm:rms_norm_offset", _ELEMENTWISE_TOL,
+            "torch_npu.npu_rms_norm(x, 1 + w.float(), eps): x̂ * (1 + w) in float32, one cast (not run on an NPU)",
+        ),
+    ]
+
+
+@hookimpl
+def rotary() -> list[KernelSpec]:
+    # One adapter for both variants: R == D calls npu_rotary_mul on q and k; R < D on their
+    # first R channels, then concatenates the untouched rest.
+    return [
+        _spec(
+            "rotary", "full", "rotary:apply_rotary", _ELEMENTWISE_TOL,
+            "torch_npu.npu_rotary_mul(x, cos, sin) 'half' mode = x*cos + rotate_half(x)*sin (not run on an NPU)",
+        ),
+        _spec(
+            "rotary", "partial", "rotary:apply_rotary", _ELEMENTWISE_TOL,
+            "npu_rotary_mul on the first R channels, cat with the rest (one extra copy) (not run on an NPU)",
+        ),
+    ]
+
+
+@hookimpl
+def swiglu() -> list[KernelSpec]:
+    return [
+        _spec(
+            "swiglu", "standard", "swiglu:silu_mul", _ELEMENTWISE_TOL,
+            "torch_npu.npu_swiglu(cat(gate, up), dim=-1) = silu(first half) * second half; the cat is an extra "
+            "copy (not run on an NPU)",
+        )
+    ]
+
+
+@hookimpl
+def moe_experts() -> list[KernelSpec]:
+    return [
+        _spec(
+            "moe_experts", "standard", "moe:moe_experts", _MOE_TOL,
+            "npu_moe_token_permute + npu_grouped_matmul (gate_up) + npu_swiglu + npu_grouped_matmul (down) + "
+            "npu_moe_token_unpermute, VeOmni's fused_npu path (not run on an NPU)",
+        )
+    ]
