@@ -323,32 +323,31 @@ def _own_configs(model: nn.Module) -> None:
 
 
 def _bind(model: nn.Module, plan: KernelPlan, places: list[Place]) -> Binding:
-    if any(p.op == "attention" for p in places):
-        _own_configs(model)
+    # Everything is picked and built before the model is touched: a plan that lacks a kernel,
+    # or a forward that cannot be rebound, leaves the model as it was, not half bound.
+    picks = [(p, *_pick(plan, p.op, p.variant)) for p in places]
     bound: list[tuple[str, str, str, str]] = []
+    forwards: list[tuple[nn.Module, Callable]] = []
     attn_overrides: dict[int, dict[str, Any]] = {}
     attn_modules: dict[int, Place] = {}
+    mask_names: list[tuple[nn.Module, str]] = []
     head_overrides: dict[str, Any] = {}
-    for p in places:
-        variant, kernel = _pick(plan, p.op, p.variant)
+    for p, variant, kernel in picks:
         name = plan.get(p.op, variant).kernel
         m = p.module
         if p.op == "rms_norm":
-            m.forward = types.MethodType(_norm_forward(kernel, p.info["eps"]), m)
+            forwards.append((m, _norm_forward(kernel, p.info["eps"])))
         elif p.op == "swiglu":
-            m.forward = types.MethodType(_mlp_forward(kernel), m)
+            forwards.append((m, _mlp_forward(kernel)))
         elif p.op == "moe_experts":
-            m.forward = types.MethodType(_experts_forward(kernel), m)
+            forwards.append((m, _experts_forward(kernel)))
         elif p.op == "rotary":
             attn_overrides.setdefault(id(m), {})["apply_rotary_pos_emb"] = kernel
             attn_modules[id(m)] = p
         elif p.op == "attention":
             attn_overrides.setdefault(id(m), {})["ALL_ATTENTION_FUNCTIONS"] = _FixedAttention(kernel)
             attn_modules[id(m)] = p
-            cfg = getattr(model, "config", None)
-            sub = getattr(m, "config", None)
-            for c in {id(x): x for x in (cfg, sub) if x is not None}.values():
-                c._attn_implementation = _mask_name(name, kernel)
+            mask_names.append((m, _mask_name(name, kernel)))
         elif p.op == "cross_entropy":
             head_overrides["ce"] = (variant, kernel)
         elif p.op == "load_balancing_loss":
@@ -356,12 +355,21 @@ def _bind(model: nn.Module, plan: KernelPlan, places: list[Place]) -> Binding:
         bound.append((p.path, p.op, variant, name))
     for key, overrides in attn_overrides.items():
         m = attn_modules[key].module
-        m.forward = types.MethodType(_copy_with_globals(_forward_fn(m), overrides), m)
+        forwards.append((m, _copy_with_globals(_forward_fn(m), overrides)))
     if "ce" in head_overrides:
-        model.forward = types.MethodType(
-            _causal_lm_forward(head_overrides["ce"], head_overrides.get("lbl"), inspect.signature(_forward_fn(model))),
-            model,
-        )
+        sig = inspect.signature(_forward_fn(model))
+        forwards.append((model, _causal_lm_forward(head_overrides["ce"], head_overrides.get("lbl"), sig)))
+
+    # Now change the model.
+    if mask_names:
+        _own_configs(model)
+    for m, mask in mask_names:
+        cfg = getattr(model, "config", None)
+        sub = getattr(m, "config", None)
+        for c in {id(x): x for x in (cfg, sub) if x is not None}.values():
+            c._attn_implementation = mask
+    for m, fn in forwards:
+        m.forward = types.MethodType(fn, m)
     return Binding(plan, tuple(bound))
 
 
