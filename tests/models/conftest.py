@@ -83,10 +83,16 @@ def counting_plugin(counter: Counter, name: str = "counting", priority: int = 50
     return make_plugin(name, **hooks)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def plugin():
     """``make_plugin`` for tests that build their own in-process backends."""
     return make_plugin
+
+
+@pytest.fixture(scope="session")
+def registry_with():
+    """``registry_with(("name", plugin_module), ...)``: the eager reference plus those plugins."""
+    return eager_registry
 
 
 _COUNTER: Counter = Counter()

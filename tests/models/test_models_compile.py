@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from models_support import batch, pair
-
 import veomni_ops
+from models_support import batch, pair
 
 
 def _compiled_matches(ref, model, plan_entries, b, kw, tol):
