@@ -11,8 +11,10 @@ Measures, each as the median over N fresh interpreter processes:
 and reports (b) - (a), the start-up cost of veomni-ops, against the goal of <= 100 ms, as
 wall time and as the child's CPU time (user + sys; steadier than wall time on a busy
 machine). The runs of (a), (b) and (c) are interleaved so that drift (page cache, other
-load) hits them alike; each command runs ``--warmup`` times first, unmeasured. It also records what discovery loaded
-(one extra process) and the registry's own ``discovery_seconds``.
+load) hits them alike; each command runs ``--warmup`` times first, unmeasured. It also
+records what discovery loaded (one extra process), the registry's own
+``discovery_seconds``, and the in-process cost of ``import veomni_ops`` + ``discover()`` in a
+process that has already imported torch (median of a few processes; no start-up noise).
 
 Run it with the interpreter of the environment to measure (all plugins installed there)::
 
@@ -92,6 +94,13 @@ def _child_cpu_ms() -> float:
     return delta
 
 
+def _probe(python: str, code: str, env: dict[str, str]) -> dict[str, Any]:
+    proc = subprocess.run([python, "-c", code], env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"probe failed:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def measure(python: str, runs: int, warmup: int, env: dict[str, str]) -> dict[str, Any]:
     wall: dict[str, list[float]] = {k: [] for k in SNIPPETS}
     cpu: dict[str, list[float]] = {k: [] for k in SNIPPETS}
@@ -106,10 +115,12 @@ def measure(python: str, runs: int, warmup: int, env: dict[str, str]) -> dict[st
             cpu[key].append(c)
     med = {k: statistics.median(v) for k, v in wall.items()}
     med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
-    probe = subprocess.run([python, "-c", PROBE], env=env, capture_output=True, text=True)
-    if probe.returncode != 0:
-        raise SystemExit(f"probe failed:\n{probe.stderr[-2000:]}")
-    info = json.loads(probe.stdout.strip().splitlines()[-1])
+    info = _probe(python, PROBE, env)
+    # The increment measured inside one process that already imported torch: no process
+    # start-up noise, so it is the sharper figure for "what does veomni-ops add".
+    after = [_probe(python, "import torch\n" + PROBE, env) for _ in range(max(3, min(runs, 10)))]
+    info["after_torch_import_veomni_ops_ms"] = statistics.median(a["import_veomni_ops_ms"] for a in after)
+    info["after_torch_discover_ms"] = statistics.median(a["discover_ms"] for a in after)
     overhead = med["import_torch_and_discover"] - med["import_torch"]
     overhead_cpu = med_cpu["import_torch_and_discover"] - med_cpu["import_torch"]
     try:
@@ -161,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
           f"torch imported by discovery alone: {r['torch_imported_by_discovery']}")
     print(f"  in-process: import veomni_ops {r['import_veomni_ops_ms']:.1f} ms, discover() {r['discover_ms']:.1f} ms "
           f"({r['kernels']} kernels)")
+    print(f"  in-process after import torch: import veomni_ops {r['after_torch_import_veomni_ops_ms']:.1f} ms + "
+          f"discover() {r['after_torch_discover_ms']:.1f} ms = "
+          f"{r['after_torch_import_veomni_ops_ms'] + r['after_torch_discover_ms']:.1f} ms")
     print(f"  plugins loaded: {', '.join(r['plugins_loaded']) or 'none'}")
     if r["plugins_failed"]:
         print(f"  plugins failed: {'; '.join(r['plugins_failed'])}")
