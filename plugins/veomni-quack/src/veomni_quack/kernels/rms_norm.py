@@ -1,0 +1,68 @@
+"""``rms_norm`` (standard and offset) through ``quack.rmsnorm.rmsnorm``.
+
+Quack 0.6.5's ``rmsnorm(x, weight, bias=None, residual=None, out_dtype=None,
+residual_dtype=None, eps=1e-6, prenorm=False, weight_offset=0.0)`` is an autograd function
+(``RMSNormFunction``): forward stores ``rstd`` (float32), backward computes dX and dW
+(float32 per-SM partials summed, cast to the weight dtype). Its kernel computes
+
+    y = (x_f32 * rstd) * (w_f32 + weight_offset)     # all in float32
+    out = y.to(out_dtype)                            # out_dtype defaults to x.dtype
+
+* ``offset`` (``x̂ * (1 + w)`` in float32, one cast at the end) is exactly that with
+  ``weight_offset=1.0``.
+* ``standard`` is that with ``weight_offset=0.0``. The contract (Llama casting) rounds x̂ to
+  the input dtype *before* multiplying by the weight; Quack rounds once, after. In float32
+  the two agree; in bf16/fp16 they differ by at most about one unit in the last place of the
+  output (inside the declared tolerances; Quack's is the more accurate of the two).
+
+The residual / prenorm / bias / per-head arguments are not used: the contract has none.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._common import check_device, check_float, import_quack, layout_div, to_layout
+
+_quack_rmsnorm = import_quack("quack.rmsnorm").rmsnorm
+
+_OP = "rms_norm"
+
+
+def _check(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    check_float(hidden_states, "hidden_states", _OP)
+    check_float(weight, "weight", _OP)
+    check_device(_OP, hidden_states=hidden_states, weight=weight)
+    if hidden_states.dim() < 1 or hidden_states.shape[-1] < 1:
+        raise ValueError(f"{_OP} (quack): hidden_states must be [..., H] with H >= 1, got {tuple(hidden_states.shape)}")
+    h = hidden_states.shape[-1]
+    if weight.dim() != 1 or weight.shape[0] != h:
+        raise ValueError(
+            f"{_OP} (quack): weight must have shape [H] = [{h}] (the last dimension of hidden_states "
+            f"{tuple(hidden_states.shape)}), got {tuple(weight.shape)}"
+        )
+    if isinstance(eps, torch.Tensor) or not isinstance(eps, (int, float)) or isinstance(eps, bool) or eps < 0:
+        raise ValueError(f"{_OP} (quack): eps must be a non-negative Python float, got {eps!r}")
+
+
+def _run(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float) -> torch.Tensor:
+    _check(hidden_states, weight, eps)
+    shape = hidden_states.shape
+    h = shape[-1]
+    # Flatten here (Quack would too) so the layout check sees the 2-D tensor the kernel gets.
+    x = hidden_states.reshape(-1, h)
+    div = layout_div(h, x, weight)
+    x = to_layout(x, div)
+    w = to_layout(weight, div)
+    out = _quack_rmsnorm(x, w, eps=float(eps), weight_offset=weight_offset)
+    return out.reshape(shape)
+
+
+def rms_norm_standard(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``weight * x̂`` (x̂ = x * rsqrt(mean(x²) + eps)), float32 math, output in ``hidden_states.dtype``."""
+    return _run(hidden_states, weight, eps, 0.0)
+
+
+def rms_norm_offset(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x̂ * (1 + weight)`` entirely in float32 (Quack's ``weight_offset=1.0``), cast at the end."""
+    return _run(hidden_states, weight, eps, 1.0)
