@@ -75,10 +75,11 @@ def test_plugin_generates_tests_and_skips_missing_hardware(pytester):
 def test_plugin_fails_a_wrong_kernel_and_filters_by_op(pytester):
     write_specs(pytester, "kit_specs_b", "kit_kernels_b")
     res = pytester.runpytest(*plugin_args(), "--veomni-ops-backend", "toywrong", "--veomni-ops-plugin",
-                             "kit_specs_b", "--veomni-ops-op", "swiglu", "--veomni-ops-seed", "4")
+                             "kit_specs_b", "--veomni-ops-op", "swiglu", "--veomni-ops-seed", "4",
+                             "--veomni-ops-size", "small")
     res.assert_outcomes(failed=len(harness("swiglu").cases("standard", "small")))
     res.stdout.fnmatch_lines([
-        "*swiglu/standard kernel 'toywrong' (kit-specs-b local) on cpu, small shapes, seed 4:*",
+        "*swiglu/standard kernel 'toywrong' (kit-specs-b local) on *, small shapes, seed 4:*",
         "*2d-3x17 [[]float32[]]: fail, worst error * in out*outside tolerance (atol=1e-05, rtol=0.0001 for float32)*",
     ])
 
@@ -111,7 +112,7 @@ def test_base_class_for_backend_authors(pytester):
             kernel_name = "not_registered"
             plugins = ("kit_specs_c",)
     """))
-    res = pytester.runpytest(*plugin_args(), "-v")
+    res = pytester.runpytest(*plugin_args(), "-v", "--veomni-ops-size", "small")
     n = len(harness("swiglu").cases("standard", "small"))
     # TestToy: registered + 2 dtypes x n; TestWrong: registered + n failures; TestMissing: 2 failures
     res.assert_outcomes(passed=1 + 2 * n + 1, failed=n + 2)
