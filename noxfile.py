@@ -20,7 +20,7 @@ TORCH = os.environ.get("VEOMNI_TORCH_SPEC", "torch==2.13.0")
 TEST_DEPS = ["pytest>=8", "transformers>=5.0"]
 PLUGINS = sorted(p.parent.name for p in (ROOT / "plugins").glob("*/pyproject.toml"))
 
-nox.options.sessions = ["lint", "core", "plugin", "packaging", "integration", "demo"]
+nox.options.sessions = ["lint", "core", "plugin", "template", "packaging", "integration", "demo"]
 nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = False
 
@@ -50,6 +50,15 @@ def plugin(session: nox.Session, name: str) -> None:
     _base(session)
     session.install("-e", f"plugins/{name}")
     session.run("pytest", f"plugins/{name}/tests", "-q", *session.posargs, env={"TRITON_INTERPRET": "1"})
+
+
+@nox.session
+def template(session: nox.Session) -> None:
+    """The third-party backend template: build its wheel, install it beside the core, test and check it."""
+    _base(session)
+    session.install("build", "wheel")
+    session.run("bash", "examples/backend-template/ci.sh", external=True,
+                env={"PYTHON": os.path.join(session.bin, "python")})
 
 
 @nox.session
