@@ -33,6 +33,7 @@ a mask, one cast of the mask), backward = 1.
 from __future__ import annotations
 
 import contextlib
+from collections import OrderedDict
 from collections.abc import Sequence
 
 import torch
@@ -162,17 +163,33 @@ def _lbl_bwd_kernel(
 
 
 # ---------------------------------------------------------------- host side
+#: Device copies of recent pointer tables, keyed by (device, addresses, strides). A training
+#: loop's router logits come back at the same addresses step after step (caching allocator),
+#: so most calls need no host-to-device copy; and under CUDA-graph capture the table was
+#: made in the warm-up run, so no copy from a (reusable) pinned host buffer gets captured.
+_TABLES: OrderedDict[tuple, torch.Tensor] = OrderedDict()
+_TABLES_MAX = 16
+
+
 def _pointer_table(logits: Sequence[torch.Tensor]) -> torch.Tensor:
     """int64 ``[2, L]``: each layer's data address and row stride, on the logits' device.
 
-    Built on the host and sent with one asynchronous copy from pinned memory, so the host
-    never waits for the GPU.
+    Built on the host and, when not cached, sent with one asynchronous copy from pinned
+    memory: the host never waits for the GPU.
     """
     values = [t.data_ptr() for t in logits] + [t.stride(0) for t in logits]
-    table = torch.tensor(values, dtype=torch.int64)
     dev = logits[0].device
+    key = (str(dev), *values)
+    table = _TABLES.get(key)
+    if table is not None:
+        _TABLES.move_to_end(key)
+        return table
+    table = torch.tensor(values, dtype=torch.int64)
     if dev.type == "cuda":
         table = table.pin_memory().to(dev, non_blocking=True)
+        _TABLES[key] = table
+        if len(_TABLES) > _TABLES_MAX:
+            _TABLES.popitem(last=False)
     return table
 
 
