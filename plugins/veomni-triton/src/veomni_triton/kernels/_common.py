@@ -164,9 +164,12 @@ def check_tensors(op: str, names: tuple[str, ...], tensors: tuple[torch.Tensor, 
             if index >= 0:
                 if tensors[0].is_cuda:  # (another accelerator is refused by check_device below)
                     return index
-            elif _INTERPRET_AT_IMPORT:
-                check_device(op, *tensors)  # testing mode: CPU only (not meta), the full check
-                return index
+            elif _INTERPRET_AT_IMPORT:  # testing mode: CPU tensors (not meta)
+                for t in tensors:
+                    if not t.is_cpu:
+                        break
+                else:
+                    return index
     except AttributeError:
         pass
     for name, t in zip(names, tensors):

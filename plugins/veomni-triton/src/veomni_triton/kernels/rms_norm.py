@@ -65,7 +65,7 @@ MAX_HIDDEN = 65536
 def _rms_norm_fwd_kernel(
     X, W, Y, RSTD,
     M, stride_x, eps,
-    N: tl.constexpr, OFFSET: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+    N: tl.constexpr, OFFSET: tl.constexpr, STORE_RSTD: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     pid = tl.program_id(0)
     rows = pid * ROWS + tl.arange(0, ROWS)
@@ -84,7 +84,8 @@ def _rms_norm_fwd_kernel(
         # the contract rounds x̂ to the input dtype before the weight multiply
         y = xhat.to(Y.dtype.element_ty).to(tl.float32) * w[None, :]
     tl.store(Y + rows64[:, None] * N + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
-    tl.store(RSTD + rows, rstd, mask=rmask)
+    if STORE_RSTD:  # for backward only
+        tl.store(RSTD + rows, rstd, mask=rmask)
 
 
 @triton.jit(do_not_specialize=["M", "blocks_per_prog"])
@@ -225,32 +226,51 @@ def column_sum_config(g: int, n: int) -> tuple[int, int, int]:
 
 
 # ---------------------------------------------------------------- launchers
-# Plain functions on 2-D ``[M, N]`` rows (last stride 1), validated by the caller; ``index``
-# is the CUDA device (``Tensor.get_device()``, -1 on the CPU under the interpreter). They are
-# the bodies of both the eager ``autograd.Function`` and the ``torch.library`` custom ops.
+# Plain functions, validated by the caller; ``index`` is the CUDA device
+# (``Tensor.get_device()``, -1 on the CPU under the interpreter). They are the bodies of both
+# the eager ``autograd.Function`` and the ``torch.library`` custom ops. Outputs are allocated
+# in their final shape (no ``view`` op on the way back).
+def _rows(t: torch.Tensor, n: int) -> tuple[torch.Tensor, int]:
+    """(``t`` readable as rows of ``n``, row stride); contiguous tensors as they are."""
+    if t.is_contiguous():
+        return t, n
+    t = as_rows(t, n)
+    return t, t.stride(0)
+
+
 def _launch_fwd(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, offset: bool, batch_invariant: bool, index: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    m, n = x.shape
-    y = x.new_empty((m, n))
-    rstd = x.new_empty((m,), dtype=torch.float32)
+    x: torch.Tensor, weight: torch.Tensor, eps: float, offset: bool, batch_invariant: bool, index: int,
+    store_rstd: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y in x's shape, rstd [M] fp32 (``y`` itself when not stored), x as the kernel read it)."""
+    shape = x.shape
+    n = shape[-1]
+    x, stride_x = _rows(x, n)
+    m = x.numel() // n
+    y = x.new_empty(shape)
+    # without autograd nobody reads rstd: not allocated, not written
+    rstd = x.new_empty((m,), dtype=torch.float32) if store_rstd else y
     if m == 0:
-        return y, rstd
+        return y, rstd, x
     block_n, rows, warps = fwd_config(m, n, batch_invariant, sm_count(index))
     launch(
         index, _rms_norm_fwd_kernel, (cdiv(m, rows),),
-        x, weight, y, rstd, m, x.stride(0), eps,
-        N=n, OFFSET=offset, ROWS=rows, BLOCK_N=block_n, num_warps=warps,
+        x, weight, y, rstd, m, stride_x, eps,
+        N=n, OFFSET=offset, STORE_RSTD=store_rstd, ROWS=rows, BLOCK_N=block_n, num_warps=warps,
     )
-    return y, rstd
+    return y, rstd, x
 
 
 def _launch_bwd(
-    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, offset: bool, index: int
+    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, offset: bool, index: int,
+    shape: torch.Size,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    m, n = x.shape
-    dy = as_rows(dy, n)
-    dx = x.new_empty((m, n))
+    """(dx in ``shape``, dw); ``x`` as ``_launch_fwd`` returned it."""
+    n = shape[-1]
+    m = rstd.shape[0]
+    dy, stride_dy = _rows(dy, n)
+    x, stride_x = _rows(x, n)
+    dx = x.new_empty(shape)
     if m == 0:
         return dx, torch.zeros_like(weight)
     block_n, rows, warps, programs, blocks_per_prog, (block_g, block_c, warps_c) = _bwd_launch_config(
@@ -260,7 +280,7 @@ def _launch_bwd(
     dw = weight.new_empty((n,))
     launch(
         index, _rms_norm_bwd_kernel, (programs,),
-        dy, x, weight, rstd, dx, partial, m, dy.stride(0), x.stride(0), blocks_per_prog,
+        dy, x, weight, rstd, dx, partial, m, stride_dy, stride_x, blocks_per_prog,
         N=n, OFFSET=offset, ROWS=rows, BLOCK_N=block_n, num_warps=warps,
     )
     launch(
@@ -273,21 +293,23 @@ def _launch_bwd(
 # ---------------------------------------------------------------- eager autograd
 class _RMSNormFunction(torch.autograd.Function):
     """The eager path: a lean autograd node around the launchers (no ``torch.library``
-    dispatch, a few microseconds less per call than the custom op; see ``_rms_norm``)."""
+    dispatch; see ``_rms_norm``). Takes and returns tensors of any rank: the reshape to rows
+    happens inside, so autograd records no view nodes around it."""
 
     @staticmethod
     def forward(ctx, x, weight, eps, offset, batch_invariant, index):
-        y, rstd = _launch_fwd(x, weight, eps, offset, batch_invariant, index)
-        ctx.save_for_backward(x, weight, rstd)
+        y, rstd, x_rows = _launch_fwd(x, weight, eps, offset, batch_invariant, index)
+        ctx.save_for_backward(x_rows, weight, rstd)
         ctx.offset = offset
         ctx.index = index
+        ctx.shape = x.shape
         return y
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
         x, weight, rstd = ctx.saved_tensors
-        dx, dw = _launch_bwd(dy, x, weight, rstd, ctx.offset, ctx.index)
+        dx, dw = _launch_bwd(dy, x, weight, rstd, ctx.offset, ctx.index, ctx.shape)
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         return (dx if need_x else None, dw if need_w else None, None, None, None, None)
 
@@ -297,7 +319,8 @@ class _RMSNormFunction(torch.autograd.Function):
 def _rms_norm_fwd(
     x: torch.Tensor, weight: torch.Tensor, eps: float, offset: bool, batch_invariant: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _launch_fwd(x, weight, eps, offset, batch_invariant, x.get_device())
+    y, rstd, _ = _launch_fwd(x, weight, eps, offset, batch_invariant, x.get_device())
+    return y, rstd
 
 
 @_rms_norm_fwd.register_fake
@@ -310,7 +333,7 @@ def _(x, weight, eps, offset, batch_invariant):
 def _rms_norm_bwd(
     dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, offset: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _launch_bwd(dy, x, weight, rstd, offset, x.get_device())
+    return _launch_bwd(dy, x, weight, rstd, offset, x.get_device(), x.shape)
 
 
 @_rms_norm_bwd.register_fake
@@ -369,16 +392,13 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: bool, b
         raise ValueError(f"veomni_triton {op}: eps must be a non-negative float, got {eps!r}")
     if n > 1 and weight.stride(0) != 1:
         weight = weight.contiguous()  # the kernels read w with unit stride (a strided view is rare: copy it)
-    x2 = as_rows(x, n)
     if eager_path(x, weight):
         # eager: the launchers directly, through a lean autograd node only when a gradient is due
         if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
-            y = _RMSNormFunction.apply(x2, weight, eps, offset, batch_invariant, index)
-        else:
-            y = _launch_fwd(x2, weight, eps, offset, batch_invariant, index)[0]
-    else:
-        # torch.compile (and tensor subclasses): the custom op, which Dynamo traces without a break
-        y = _rms_norm_fwd(x2, weight, eps, offset, batch_invariant)[0]
+            return _RMSNormFunction.apply(x, weight, eps, offset, batch_invariant, index)
+        return _launch_fwd(x, weight, eps, offset, batch_invariant, index, store_rstd=False)[0]
+    # torch.compile (and tensor subclasses): the custom op, which Dynamo traces without a break
+    y = _rms_norm_fwd(as_rows(x, n), weight, eps, offset, batch_invariant)[0]
     return y if len(shape) == 2 else y.view(shape)
 
 

@@ -92,46 +92,48 @@ def _geometry(block: int, m: int, n: int, flat: bool) -> tuple[int, int, int]:
     return n, blocks, m * blocks
 
 
-def _flat(*mats: torch.Tensor) -> bool:
-    for t in mats:
-        if not t.is_contiguous():
-            return False
-    return True
-
-
 # ---------------------------------------------------------------- launchers
-# Plain functions on 2-D ``[M, I]`` operands (last stride 1), validated by the caller;
-# ``index`` is the CUDA device (-1 on the CPU under the interpreter). They are the bodies of
-# both the eager ``autograd.Function`` and the ``torch.library`` custom ops.
+# Plain functions on ``[..., I]`` operands of one shape, validated by the caller; ``index`` is
+# the CUDA device (-1 on the CPU under the interpreter). They are the bodies of both the eager
+# ``autograd.Function`` and the ``torch.library`` custom ops. Contiguous operands are used as
+# they are (walked flat); others are viewed as rows. Outputs take the operands' shape.
 def _launch_fwd(gate: torch.Tensor, up: torch.Tensor, index: int) -> torch.Tensor:
-    m, n = gate.shape
-    y = gate.new_empty((m, n))
+    shape = gate.shape
+    n = shape[-1]
+    flat = gate.is_contiguous() and up.is_contiguous()
+    if not flat:
+        gate, up = as_rows(gate, n), as_rows(up, n)
+    m = gate.numel() // n
+    y = gate.new_empty(shape)
     if m == 0:
         return y
     block, warps = FWD_CONFIG
-    flat = _flat(gate, up)
     n_cols, n_blocks, grid = _geometry(block, m, n, flat)
     launch(
         index, _swiglu_fwd_kernel, (grid,),
-        gate, up, y, n_cols, n_blocks, gate.stride(0), up.stride(0), n,
+        gate, up, y, n_cols, n_blocks, 0 if flat else gate.stride(0), 0 if flat else up.stride(0), n,
         FLAT=flat, BLOCK=block, num_warps=warps,
     )
     return y
 
 
 def _launch_bwd(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-    m, n = gate.shape
-    dy = as_rows(dy, n)
-    dg = gate.new_empty((m, n))
-    du = up.new_empty((m, n))
+    shape = gate.shape
+    n = shape[-1]
+    flat = dy.is_contiguous() and gate.is_contiguous() and up.is_contiguous()
+    if not flat:
+        dy, gate, up = as_rows(dy, n), as_rows(gate, n), as_rows(up, n)
+    m = gate.numel() // n
+    dg = gate.new_empty(shape)
+    du = up.new_empty(shape)
     if m == 0:
         return dg, du
     block, warps = BWD_CONFIG
-    flat = _flat(dy, gate, up)
     n_cols, n_blocks, grid = _geometry(block, m, n, flat)
     launch(
         index, _swiglu_bwd_kernel, (grid,),
-        dy, gate, up, dg, du, n_cols, n_blocks, dy.stride(0), gate.stride(0), up.stride(0), n,
+        dy, gate, up, dg, du, n_cols, n_blocks,
+        0 if flat else dy.stride(0), 0 if flat else gate.stride(0), 0 if flat else up.stride(0), n,
         FLAT=flat, BLOCK=block, num_warps=warps,
     )
     return dg, du
@@ -140,7 +142,7 @@ def _launch_bwd(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, index: i
 # ---------------------------------------------------------------- eager autograd
 class _SwiGLUFunction(torch.autograd.Function):
     """The eager path: a lean autograd node around the launchers (no ``torch.library``
-    dispatch; see ``silu_mul``)."""
+    dispatch, no view nodes around it; see ``silu_mul``)."""
 
     @staticmethod
     def forward(ctx, gate, up, index):
@@ -213,16 +215,12 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         raise ValueError(
             f"veomni_triton {op}: gate and up must be [..., I] with I >= 1, got {tuple(gate.shape)}"
         )
-    n = shape[-1]
-    g2 = as_rows(gate, n)
-    u2 = as_rows(up, n)
     if eager_path(gate, up):
         # eager: the launchers directly, through a lean autograd node only when a gradient is due
         if torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad):
-            y = _SwiGLUFunction.apply(g2, u2, index)
-        else:
-            y = _launch_fwd(g2, u2, index)
-    else:
-        # torch.compile (and tensor subclasses): the custom op, which Dynamo traces without a break
-        y = _swiglu_fwd(g2, u2)
+            return _SwiGLUFunction.apply(gate, up, index)
+        return _launch_fwd(gate, up, index)
+    # torch.compile (and tensor subclasses): the custom op, which Dynamo traces without a break
+    n = shape[-1]
+    y = _swiglu_fwd(as_rows(gate, n), as_rows(up, n))
     return y if len(shape) == 2 else y.view(shape)
