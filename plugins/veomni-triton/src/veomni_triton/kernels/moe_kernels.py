@@ -259,17 +259,18 @@ def _dh_bwd_kernel(
     rows64 = rows.to(tl.int64)
     smask = rmask[:, None] & nmask[None, :]
     gu_ptrs = gu_ptr + rows64[:, None] * (2 * INTER) + offs_n[None, :]
+    # ordered so that few [BLOCK_M, BLOCK_N] fp32 temporaries are live at once (an sm90 compile
+    # of the straightforward order spilled); masked entries have g = u = 0 and add nothing
     g = tl.load(gu_ptrs, mask=smask, other=0.0).to(tl.float32)
-    u = tl.load(gu_ptrs + INTER, mask=smask, other=0.0).to(tl.float32)
     sig = 1.0 / (1.0 + tl.exp(-g))
-    silu = g * sig
-    # masked entries have g = u = 0, so they add nothing to the partial dot product
-    dwp = tl.sum(silu * u * acc, axis=1)
-    tl.store(dwp_ptr + route.to(tl.int64) * num_n + pid_n, dwp, mask=rmask)
+    sacc = acc * sig
     rw = tl.load(rw_ptr + route, mask=rmask, other=0.0).to(tl.float32)
-    dh = acc * rw[:, None]
-    dg = dh * u * sig * (1.0 + g * (1.0 - sig))
-    du = dh * silu
+    u = tl.load(gu_ptrs + INTER, mask=smask, other=0.0).to(tl.float32)
+    hacc = sacc * g  # silu(g) * dhu
+    dwp = tl.sum(hacc * u, axis=1)  # this tile's share of <silu(g)*u, dhu> = <y_r, grad_out_t>
+    tl.store(dwp_ptr + route.to(tl.int64) * num_n + pid_n, dwp, mask=rmask)
+    du = hacc * rw[:, None]  # w_r * dhu * silu(g)
+    dg = sacc * rw[:, None] * u * (1.0 + g * (1.0 - sig))  # w_r * dhu * u * silu'(g)
     out_dtype = dgu_ptr.dtype.element_ty
     dgu_ptrs = dgu_ptr + rows64[:, None] * (2 * INTER) + offs_n[None, :]
     tl.store(dgu_ptrs, _to_out(dg, out_dtype, UPCAST), mask=smask)
