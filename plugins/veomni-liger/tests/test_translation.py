@@ -1,12 +1,11 @@
-"""Argument translation of the adapters whose Liger kernels cannot run on the CPU.
+"""Argument translation of the RMSNorm and SwiGLU adapters, with recording stand-ins.
 
-Liger 0.8.5's RMSNorm and SwiGLU kernels call ``.to()`` on scalar kernel arguments, which
-Triton's interpreter passes as Python floats (``AttributeError: 'float' object has no
-attribute 'to'``), so on a CPU their Liger functions are replaced by recording stand-ins
-that compute what the Triton kernels compute (read from ``liger_kernel/ops/rms_norm.py``
-and ``swiglu.py``), including SwiGLU's in-place backward. The stand-ins check argument order,
-the chosen offset / casting mode, contiguity and dtypes; ``gpu/check_liger.py`` runs the
-real kernels. The last tests pin the Liger signatures every adapter relies on.
+The stand-ins replace Liger's function and record exactly what the adapter passes (argument
+order, offset, casting mode, ``in_place``, contiguity, dtypes), then compute what Liger's
+Triton kernels compute (read from ``liger_kernel/ops/rms_norm.py`` and ``swiglu.py``),
+including SwiGLU's in-place backward done behind autograd's back. So these tests pin the
+translation and the autograd plumbing independently of Triton; ``test_rms_norm_swiglu.py``
+runs the real kernels. The last test pins the Liger signatures every adapter relies on.
 """
 
 from __future__ import annotations

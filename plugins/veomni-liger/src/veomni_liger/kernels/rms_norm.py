@@ -23,6 +23,13 @@ one extra gradient-sized buffer in backward.
 from __future__ import annotations
 
 import torch
+
+try:
+    # Liger releases before 0.8.5 read torch.distributed.tensor.DTensor in forward, and
+    # torch >= 2.12 loads that submodule lazily: bind it first (no-op where it is loaded).
+    import torch.distributed.tensor  # noqa: F401
+except ImportError:  # torch built without distributed support
+    pass
 from liger_kernel.ops.rms_norm import LigerRMSNormFunction
 
 from ._checks import check_kernel_dtype, check_same_device
