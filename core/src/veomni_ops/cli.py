@@ -49,6 +49,7 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
     for p in reg.plugins:
         line = f"  {p.provenance.entry_point:<10} {p.provenance.distribution} {p.provenance.version}: {p.status}"
         if p.reason:
+            line += f" ({p.phase})" if p.phase else ""
             line += f" - {p.reason}"
         print(line)
     print("kernels:")
@@ -76,7 +77,7 @@ def _cmd_resolve(args: argparse.Namespace) -> int:
     dev = current_device(args.device)
     cfg = OpsConfig.from_yaml(args.config)
     # Kernels are imported only when resolving for the device this process runs on.
-    plan = resolve(cfg, dev, load=not dev.overridden, training=not args.inference)
+    plan = resolve(cfg, dev, training=not args.inference)
     print(plan.to_json() if args.json else plan.table())
     return 0
 

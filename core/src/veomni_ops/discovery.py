@@ -106,6 +106,12 @@ def build_registry(
     env = dict(os.environ if env is None else env)
     strict = _truthy(env.get(ENV_STRICT))
     trace = _truthy(env.get(ENV_TRACE))
+    if trace and not log.handlers:
+        # The switch must show something even where the application configured no logging.
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
     t0 = time.perf_counter()
     reg = Registry()
     sources = _entry_point_sources() if include_entry_points else []
@@ -123,7 +129,7 @@ def build_registry(
         failure, kernels = _load_one(src, reg, trace)
         if failure is not None:
             reg.failures.append(failure)
-            reg.plugins.append(PluginRecord(prov, "failed", failure.message))
+            reg.plugins.append(PluginRecord(prov, "failed", failure.message, phase=failure.phase))
             log.warning("veomni_ops: %s", failure.describe())
             if strict:
                 raise PluginLoadError(

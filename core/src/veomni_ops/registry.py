@@ -65,6 +65,7 @@ class PluginRecord:
     status: str  # "loaded" | "failed" | "disabled"
     reason: str = ""
     kernels: tuple[tuple[str, str, str], ...] = ()
+    phase: str = ""  # for "failed": import | hooks | hook:<op> | validate
 
     def to_dict(self) -> dict:
         return {
@@ -73,6 +74,7 @@ class PluginRecord:
             "entry_point": self.provenance.entry_point,
             "status": self.status,
             "reason": self.reason,
+            "phase": self.phase,
             "kernels": [list(k) for k in self.kernels],
         }
 
@@ -101,7 +103,7 @@ class Registry:
                 raise DuplicateKernelError(
                     f"kernel {name!r} for {op}/{variant} is registered twice: by {other.provenance} and by "
                     f"{provenance}. Kernel names must be unique per op and variant; rename one of them or "
-                    "uninstall/disable one plugin (VEOMNI_OPS_DISABLE=<entry point>)"
+                    f"uninstall/disable one plugin (VEOMNI_OPS_DISABLE={provenance.entry_point})"
                 )
             staged[key] = RegisteredKernel(spec, provenance)
         self._kernels.update(staged)

@@ -17,8 +17,6 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Union
 
-from packaging.requirements import Requirement
-
 from .config import AUTO, OP_TO_FIELD, OpsConfig
 from .device import DeviceInfo, check_hardware, current_device
 from .discovery import discover
@@ -102,6 +100,8 @@ def load_kernel(rk: RegisteredKernel) -> Callable[..., Any]:
 
 def requirement_problem(text: str) -> str | None:
     """``None`` if the installed distributions satisfy ``text`` (PEP 508), else why not."""
+    from packaging.requirements import Requirement  # ~50 ms to import: only when resolving
+
     req = Requirement(text)
     try:
         have = metadata.version(req.name)
@@ -166,18 +166,21 @@ def resolve(
     registry: Registry | None = None,
     dtype: str | None = None,
     training: bool = True,
-    load: bool = True,
+    load: bool | None = None,
 ) -> KernelPlan:
     """Resolve ``config`` for ``device`` into a :class:`KernelPlan`.
 
     ``needs`` restricts resolution to what a model needs (see :data:`Needs`); without it
     every op and variant is resolved. ``dtype`` (e.g. ``"bfloat16"``) and ``training``
     (kernel must have a backward) filter kernels. ``load=False`` checks everything but
-    the import (for resolving for another device). Raises :class:`ResolutionError` listing
+    the import (for resolving for another device); the default loads unless the device is
+    one this machine is not (``VEOMNI_OPS_DEVICE=cuda:9.0`` on a CPU box). Raises :class:`ResolutionError` listing
     every refusal.
     """
     cfg = _as_config(config)
     dev = current_device(device)
+    if load is None:
+        load = is_local(dev)
     reg = registry if registry is not None else discover()
     if needs is None:
         need_map: Mapping[str, Iterable[str | tuple[str, ...]]] = _all_needs(reg, cfg)
@@ -206,6 +209,16 @@ def resolve(
     if refusals:
         raise ResolutionError(refusals, dev)
     return KernelPlan(dev, cfg, tuple(entries))
+
+
+def is_local(dev: DeviceInfo) -> bool:
+    """Is ``dev`` this machine's device (so its kernels can be imported and run here)?"""
+    if not dev.overridden:
+        return True
+    from .device import _detected
+
+    here = _detected()
+    return dev.type == here.type and (dev.capability is None or dev.capability == here.capability)
 
 
 def _as_config(config: Any) -> OpsConfig:
