@@ -134,7 +134,8 @@ class _LigerFusedLinearCrossEntropySum(torch.autograd.Function):
         # Liger computes all gradients iff _input.requires_grad, the weight's iff also
         # weight.requires_grad, the bias's whenever a bias is given.
         any_grad = need_hidden or need_weight or need_bias
-        h = hidden.detach().requires_grad_(any_grad)
+        # Contiguous rows: Liger's GPU path writes dhidden chunks with torch.mm(out=...).
+        h = hidden.detach().contiguous().requires_grad_(any_grad)
         w = weight.detach().requires_grad_(need_weight)
         b = bias.detach() if bias is not None else None
         accum = torch.float32 if weight.dtype in (torch.bfloat16, torch.float16) else None
