@@ -240,7 +240,6 @@ def ce_case(dtype: torch.dtype, shape=None, transposed: bool = False, ignore_ind
         del z
         # float64 reference chunk by chunk (the full float64 logits would be 10 GB)
         total = torch.zeros((), dtype=torch.float64, device=DEV)
-        grad_ref = torch.empty(n, v, dtype=dtype, device=DEV)
         grad_checks = []
         for s in range(0, n, 1024):
             zc = z0[s:s + 1024].double().requires_grad_()
@@ -249,7 +248,6 @@ def ce_case(dtype: torch.dtype, shape=None, transposed: bool = False, ignore_ind
             total += lc.detach()
             grad_checks.append(compare(g[s:s + 1024], gc, tol))
             del zc, gc
-        del grad_ref
         bad = [c for c in grad_checks if not c["ok"]]
         dz = {"ok": not bad, "n_bad": sum(c.get("n_bad", 0) for c in grad_checks),
               "max_abs_err": max(c.get("max_abs_err", 0) for c in grad_checks),
