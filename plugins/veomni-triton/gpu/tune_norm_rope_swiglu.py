@@ -60,10 +60,23 @@ def sweep(name: str, nbytes: int, default, candidates, install, make_fn) -> None
                     "best_ms": best_ms, "bytes": nbytes, "all": [[list(c), m] for c, m in rows]})
 
 
+def _clear_caches(module) -> None:
+    # launch configurations derived from the patched heuristic are memoised (lru_cache)
+    for obj in list(vars(module).values()):
+        if callable(getattr(obj, "cache_clear", None)):
+            obj.cache_clear()
+
+
 def patch(module, attr, value):
     old = getattr(module, attr)
     setattr(module, attr, value)
-    return lambda: setattr(module, attr, old)
+    _clear_caches(module)
+
+    def undo():
+        setattr(module, attr, old)
+        _clear_caches(module)
+
+    return undo
 
 
 def tune_rms_norm(dev) -> None:
