@@ -5,9 +5,10 @@ Backend ``aot_eager``: dynamo traces the whole forward (a graph break raises und
 kernel compiles; inductor's C++ code generation on a 2-core CPU would add minutes and
 tests nothing about the binding.
 
-What compiles fullgraph (and the spec's ``supports_compile`` says so):
-eager rms_norm / rotary / swiglu / load_balancing_loss, sdpa attention, chunked fused
-linear CE, grouped_mm experts (bfloat16). What does not: the eager experts loop
+What compiles fullgraph (and the spec's ``supports_compile`` says so): every eager kernel
+but the experts loop (rms_norm, rotary, swiglu, attention, fused-linear CE,
+load_balancing_loss), sdpa attention, chunked fused-linear CE, grouped_mm experts
+(bfloat16). What does not: the eager experts loop
 (``nonzero`` + a loop over the experts hit: data-dependent), ``supports_compile=False``.
 Asking for router logits graph-breaks on the *first* call in transformers itself (lazy hook
 installation under a lock); after one eager call it compiles fullgraph.
@@ -18,7 +19,7 @@ from __future__ import annotations
 import pytest
 import torch
 import veomni_ops
-from models_support import batch, pair
+from models_support import ALL_EAGER, batch, pair
 
 
 def _compiled_matches(ref, model, plan_entries, b, kw, tol):
@@ -49,25 +50,32 @@ def _compiled_matches(ref, model, plan_entries, b, kw, tol):
     return out_c
 
 
-def test_qwen3_auto_plan_compiles_fullgraph(registry):
+def test_qwen3_all_eager_plan_compiles_fullgraph(registry):
+    """eager attention (explicit softmax, eager masks), norm, rotary, SwiGLU and the eager
+    fused-linear CE."""
     ref, model = pair("qwen3")
+    binding = veomni_ops.apply(model, ALL_EAGER, registry=registry, device="cpu")
+    assert {e.kernel for e in binding.plan.entries} == {"eager"}
+    out = _compiled_matches(ref, model, binding.plan.entries, batch(), {}, dict(atol=1e-5, rtol=1e-5))
+    assert out.logits is None  # fused_linear variant with labels
+
+
+def test_qwen3_moe_auto_plan_compiles_fullgraph(registry):
+    """bfloat16, auto: grouped_mm experts, sdpa, chunked CE, eager norm/rotary/aux loss."""
+    ref, model = pair("qwen3_moe", dtype=torch.bfloat16, num_hidden_layers=1)
     binding = veomni_ops.apply(model, {}, registry=registry, device="cpu")
     kernels = {(e.op, e.variant): e.kernel for e in binding.plan.entries}
-    assert kernels[("attention", "standard")] == "sdpa"
-    assert kernels[("cross_entropy", "fused_linear")] == "chunked"
-    out = _compiled_matches(ref, model, binding.plan.entries, batch(), {}, dict(atol=1e-5, rtol=1e-5))
-    assert out.logits is None  # the chunked CE never materialises them
-
-
-def test_qwen3_moe_grouped_mm_compiles_fullgraph(registry):
-    ref, model = pair("qwen3_moe", dtype=torch.bfloat16, num_hidden_layers=1)
-    binding = veomni_ops.apply(model, {"moe_implementation": "grouped_mm"}, registry=registry, device="cpu")
-    kernels = {(e.op, e.variant): e.kernel for e in binding.plan.entries}
-    assert kernels[("moe_experts", "standard")] == "grouped_mm"
-    assert kernels[("load_balancing_loss", "standard")] == "eager"
+    assert kernels == {
+        ("rms_norm", "standard"): "eager",
+        ("rotary", "full"): "eager",
+        ("attention", "standard"): "sdpa",
+        ("moe_experts", "standard"): "grouped_mm",
+        ("cross_entropy", "fused_linear"): "chunked",
+        ("load_balancing_loss", "standard"): "eager",
+    }
     out = _compiled_matches(ref, model, binding.plan.entries, batch(), {"output_router_logits": True},
                             dict(atol=2e-2, rtol=2e-2))
-    assert out.aux_loss is not None
+    assert out.aux_loss is not None and out.logits is None
 
 
 def test_eager_experts_loop_does_not_compile_fullgraph(registry):
