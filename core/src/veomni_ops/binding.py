@@ -125,6 +125,24 @@ def _rotary_matches_contract(fn: Callable, head_dim: int, rot_dim: int) -> bool:
     return all(torch.allclose(a, b) for a, b in zip(got, want))
 
 
+#: Attributes a causal-LM forward reads to change the logits after lm_head (Gemma-2/3 soft-capping,
+#: Cohere's logit_scale, Granite's logits_scaling). The core's head does not apply them.
+_LOGIT_RESCALERS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+
+def _head_rescales_logits(model: nn.Module) -> bool:
+    names = _code_names(_forward_fn(model))
+    cfg = getattr(model, "config", None)
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    for n in _LOGIT_RESCALERS:
+        if n in names:
+            missing = object()
+            value = next((v for v in (getattr(o, n, missing) for o in (model, text, cfg)) if v is not missing), None)
+            if value is not None:  # Gemma-2 reads final_logit_softcapping but skips it when None
+                return True
+    return False
+
+
 def survey(model: nn.Module) -> list[Place]:
     """Every place in ``model`` where an op's kernel can be bound, with the variant it needs."""
     places: list[Place] = []
@@ -175,10 +193,11 @@ def survey(model: nn.Module) -> list[Place]:
                 if fn is not None and head_dim and _rotary_matches_contract(fn, max(head_dim, rot_dim), rot_dim):
                     variant = "partial" if rot_dim < head_dim else "full"
                     places.append(Place("rotary", variant, path, m, {"rot_dim": rot_dim}))
-    # The causal-LM head: hidden states + lm_head weight are available here.
+    # The causal-LM head: hidden states + lm_head weight are available here, unless the
+    # model's head changes the logits between lm_head and the loss (which ours would drop).
     lm_head = getattr(model, "lm_head", None)
     inner = getattr(model, "model", None)
-    if isinstance(lm_head, nn.Linear) and isinstance(inner, nn.Module):
+    if isinstance(lm_head, nn.Linear) and isinstance(inner, nn.Module) and not _head_rescales_logits(model):
         places.append(Place("cross_entropy", ("fused_linear", "logits"), "", model))
         glob = _globals(_forward_fn(model))
         if "load_balancing_loss_func" in _code_names(_forward_fn(model)) and "load_balancing_loss_func" in glob:
