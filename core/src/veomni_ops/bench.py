@@ -556,8 +556,12 @@ def run_bench(
     profile_calls: int = 20,
     progress: bool = True,
     command: str = "",
+    checkpoint: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Run the benchmark; returns the result document (see benchmarks/README.md)."""
+    """Run the benchmark; returns the result document (see benchmarks/README.md).
+
+    ``checkpoint`` receives the document so far after every workload, so a run cut short
+    (a time limit, an out-of-memory kill) still leaves its measurements behind."""
     import torch
 
     from .device import current_device
@@ -579,6 +583,31 @@ def run_bench(
     bar = _Progress(total, enabled=progress)
     rows: list[dict[str, Any]] = []
     skipped: list[dict[str, Any]] = []
+
+    def document(partial: bool) -> dict[str, Any]:
+        done = [dict(r) for r in rows]
+        _add_speedups(done)
+        return {
+            "device": info["slug"],
+            "device_name": info["name"],
+            "capability": info["capability"],
+            "date": started.strftime("%Y-%m-%d"),
+            "started": started.isoformat(timespec="seconds"),
+            "command": command,
+            "partial": partial,
+            "presets": {name: PRESETS[name][0] for name in presets},
+            "ceilings": {k: (round(v, 4) if isinstance(v, float) else v) for k, v in ceilings.items()},
+            "timing": {"warmup_ms": warmup_ms, "rep_ms": rep_ms, "statistic": "median",
+                       "wall": "CUDA events per call, L2 flushed before each" if device.type == "cuda"
+                       else "time.perf_counter per call",
+                       "kernel": f"torch.profiler device time, mean of {profile_calls} calls" if device.type == "cuda"
+                       else None},
+            "formulas": {k: v[0] for k, v in FORMULAS.items()},
+            "versions": versions(reg),
+            "rows": done,
+            "skipped": list(skipped),
+        }
+
     for w, kernels in plan:
         h = harness(w.op)
         try:
@@ -608,27 +637,10 @@ def run_bench(
             _free(device)
         del inputs
         _free(device)
+        if checkpoint is not None:
+            checkpoint(document(partial=True))
     bar.close()
-    _add_speedups(rows)
-    return {
-        "device": info["slug"],
-        "device_name": info["name"],
-        "capability": info["capability"],
-        "date": started.strftime("%Y-%m-%d"),
-        "started": started.isoformat(timespec="seconds"),
-        "command": command,
-        "presets": {name: PRESETS[name][0] for name in presets},
-        "ceilings": {k: (round(v, 4) if isinstance(v, float) else v) for k, v in ceilings.items()},
-        "timing": {"warmup_ms": warmup_ms, "rep_ms": rep_ms, "statistic": "median",
-                   "wall": "CUDA events per call, L2 flushed before each" if device.type == "cuda"
-                   else "time.perf_counter per call",
-                   "kernel": f"torch.profiler device time, mean of {profile_calls} calls" if device.type == "cuda"
-                   else None},
-        "formulas": {k: v[0] for k, v in FORMULAS.items()},
-        "versions": versions(reg),
-        "rows": rows,
-        "skipped": skipped,
-    }
+    return document(partial=False)
 
 
 def _free(device: Any) -> None:
@@ -922,7 +934,11 @@ def run(args: argparse.Namespace) -> int:
             result = json.load(fh)
     else:
         command = "veomni-ops " + " ".join(shlex.quote(a) for a in (getattr(args, "argv", None) or sys.argv[1:]))
-        result = run_bench(presets=args.preset, op=args.op, backend=args.backend,
+        save = None
+        if args.json and args.json != "auto":
+            def save(doc: dict[str, Any], path: str = args.json) -> None:
+                write_results(doc, path)
+        result = run_bench(checkpoint=save, presets=args.preset, op=args.op, backend=args.backend,
                            passes=tuple(args.passes) if args.passes else PASSES,
                            registry=getattr(args, "registry", None), warmup_ms=args.warmup_ms, rep_ms=args.rep_ms,
                            progress=not args.quiet, command=command)
