@@ -186,13 +186,18 @@ def moe_experts_grouped_mm(
     offs = torch.searchsorted(sorted_key, experts, right=True, out_int32=True)
 
     token = order // k
-    x = hidden_states[token]  # [T*K, H], grouped by expert
+    # Rows past the last offset (out-of-range routes) are never written by a grouped GEMM,
+    # forward or backward: their memory is uninitialised. Every tensor that crosses a GEMM is
+    # masked on those rows, so neither the output nor any gradient can pick up that garbage
+    # (torch.where's backward zeroes the masked rows whatever arrives there).
+    valid = (sorted_key < num_experts).unsqueeze(1)
+    zero = torch.zeros((), dtype=dtype, device=hidden_states.device)
+    x = torch.where(valid, hidden_states[token], zero)  # [T*K, H], grouped by expert
     gate_up = torch._grouped_mm(x, gate_up_proj.contiguous().transpose(1, 2), offs=offs)  # [T*K, 2I]
     gate, up = gate_up.chunk(2, dim=-1)
-    act = F.silu(gate) * up
+    act = torch.where(valid, F.silu(gate) * up, zero)
     y = torch._grouped_mm(act, down_proj.contiguous().transpose(1, 2), offs=offs)  # [T*K, H]
-    # Rows past the last offset are never written by the GEMM (uninitialised memory): zero them.
-    y = torch.where((sorted_key < num_experts).unsqueeze(1), y, torch.zeros((), dtype=y.dtype, device=y.device))
+    y = torch.where(valid, y, zero)
     # Back to token-major route order (order is a permutation, so this is a plain scatter).
     y = torch.empty_like(y).index_copy(0, order, y).view(t, k, h)
     weights = torch.where(in_range.view(t, k), top_k_weights, torch.zeros_like(top_k_weights)).to(dtype)
