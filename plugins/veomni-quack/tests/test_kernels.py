@@ -45,7 +45,7 @@ def _grads(fn, *inputs, cot):
 
 @pytest.mark.parametrize("variant", ["standard", "offset"])
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(2, 5, 64), (7, 37), (3, 1, 2, 40)], ids=str)
+@pytest.mark.parametrize("shape", [(2, 5, 64), (7, 38), (3, 1, 2, 40)], ids=str)
 def test_rms_norm_matches_float64_and_core(variant, dtype, shape):
     kernel = rms.rms_norm_standard if variant == "standard" else rms.rms_norm_offset
     x = torch.randn(shape, dtype=dtype) * 3
@@ -66,6 +66,28 @@ def test_rms_norm_matches_float64_and_core(variant, dtype, shape):
     assert call["weight_offset"] == (0.0 if variant == "standard" else 1.0)
     assert call["eps"] == eps and isinstance(call["eps"], float)
     assert call["bias"] is None and call["residual"] is None and call["out_dtype"] is None and not call["prenorm"]
+
+
+@pytest.mark.parametrize("x_dtype, w_dtype", [(torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16),
+                                              (torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16)])
+def test_rms_norm_odd_hidden_is_refused_before_quack_for_16_bit(x_dtype, w_dtype):
+    x, w = torch.randn(2, 9, 37, dtype=x_dtype), torch.randn(37, dtype=w_dtype)
+    # The stand-in enforces the real kernel's minimum copy width, as the H100 run showed it.
+    with pytest.raises(RuntimeError, match="cp_size"):
+        fake_rms.rmsnorm(x, w, eps=1e-6)
+    fake_rms.CALLS.clear()
+    for kernel in (rms.rms_norm_standard, rms.rms_norm_offset):
+        with pytest.raises(ValueError, match=r"H = 37 is odd.*Choose another rms_norm kernel"):
+            kernel(x, w, 1e-6)
+    assert not fake_rms.CALLS
+
+
+def test_rms_norm_odd_hidden_float32_and_even_unaligned_hidden_run():
+    # float32 x and w: 32-bit copies even for odd H. H = 38 (even, not a multiple of 8): 32-bit copies.
+    for dtype, h in ((torch.float32, 37), (torch.bfloat16, 38), (torch.float16, 38)):
+        x, w = torch.randn(3, h, dtype=dtype), torch.randn(h, dtype=dtype)
+        out = rms.rms_norm_offset(x, w, 1e-6)
+        assert_close(out, rms_ref64(x, w, 1e-6, "offset"), "rms_norm", "offset", "out", dtype)
 
 
 def test_rms_norm_float32_weight_with_bf16_input_keeps_the_input_dtype():
@@ -217,6 +239,56 @@ def test_cross_entropy_logits_fixes_layouts():
 def test_cross_entropy_logits_bad_input(logits, labels, kw, err, match):
     with pytest.raises(err, match=match):
         ce.cross_entropy_sum(logits, labels, **kw)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("vocab, padded", [(151936, 155400), (100352, 102152)])
+def test_cross_entropy_logits_pads_vocabularies_whose_tiling_gives_nan(dtype, vocab, padded):
+    # The stand-in reproduces the real forward's cluster reduction: a warp with no real column
+    # poisons every row with NaN (H100: loss and dlogits not finite at V = 151936, bf16).
+    z = (torch.randn(3, vocab) * 3).to(dtype)
+    y = torch.tensor([5, -100, vocab - 1])
+    assert torch.isnan(fake_ce.cross_entropy(z, y, reduction="none")[[0, 2]]).all()  # counted rows
+    fake_ce.CALLS.clear()
+    loss, (g,) = _grads(lambda t: ce.cross_entropy_sum(t, y), z, cot=torch.tensor(0.5))
+    (call,) = fake_ce.CALLS
+    assert call["x"].shape == (3, padded) and call["x"].is_contiguous()
+    assert torch.equal(call["x"][:, :vocab], z) and (call["x"][:, vocab:] == ce._PAD_VALUE[dtype]).all()
+    ref, (rg,) = _grads(lambda t: ce_ref64(t, y), z.double(), cot=torch.tensor(0.5).double())
+    assert torch.isfinite(loss) and g.shape == z.shape and torch.isfinite(g).all()
+    assert_close(loss, ref, "cross_entropy", "logits", "loss", dtype)
+    assert_close(g, rg, "cross_entropy", "logits", "dlogits", dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cross_entropy_logits_odd_vocab(dtype):
+    z = torch.randn(1001, 37).to(dtype).t()  # transposed and odd, as the H100 edge case
+    y = torch.randint(0, 1001, (37,))
+    if dtype != torch.float32:  # the stand-in refuses 16-bit copies as CuTe does
+        with pytest.raises(RuntimeError, match="cp_size"):
+            fake_ce.cross_entropy(z.contiguous(), y)
+        fake_ce.CALLS.clear()
+    loss, (g,) = _grads(lambda t: ce.cross_entropy_sum(t, y), z, cot=torch.tensor(1.0))
+    (call,) = fake_ce.CALLS
+    assert call["x"].shape == (37, 1001 if dtype == torch.float32 else 1008)
+    ref, (rg,) = _grads(lambda t: ce_ref64(t, y), z.double(), cot=torch.tensor(1.0).double())
+    assert_close(loss, ref, "cross_entropy", "logits", "loss", dtype)
+    assert_close(g, rg, "cross_entropy", "logits", "dlogits", dtype)
+
+
+def test_padded_vocab_plan():
+    # Common vocabularies Quack handles as they are (sm 9.0, bf16), and the ones it cannot.
+    for v in (32000, 50304, 128256, 129280, 131072, 256000, 262144):
+        assert ce.padded_vocab(v, 16, 9) == v
+    assert ce.padded_vocab(151936, 16, 9) == 155400 and ce.padded_vocab(151936, 32, 9) == 151936
+    assert ce.padded_vocab(1001, 32, 9) == 1001 and ce.padded_vocab(1001, 16, 9) == 1008
+    for major in (9, 10, 12):
+        for bits in (16, 32):
+            for v in range(1, 300000, 1999):
+                p = ce.padded_vocab(v, bits, major)
+                assert p >= v and not ce.has_empty_warp(p, bits, major)
+                if p != v:  # the smallest multiple of 8 that works (e.g. 131935 -> 155400 in bf16)
+                    assert p % 8 == 0 and all(ce.has_empty_warp(q, bits, major) for q in range(-(-v // 8) * 8, p, 8))
 
 
 # --------------------------------------------------------------------------- cross_entropy / fused_linear

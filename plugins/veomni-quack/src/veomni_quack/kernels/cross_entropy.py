@@ -12,11 +12,38 @@ count, which the core does itself).
 ``inplace_backward`` stays False: with True Quack writes dX into the logits' storage.
 Labels outside ``[0, V)`` other than ``ignore_index`` make Quack's kernel read out of
 bounds; they are refused here (one host synchronisation per call).
+
+**Vocabulary padding (two Quack 0.6.5 limits, both seen on an H100).**
+
+1. *Odd V with 16-bit logits does not compile.* Each thread copies ``gcd(V, 8)`` elements;
+   an odd V gives 16-bit copies, which CuTe rejects ("'cp_size' only supports (32, 64, 128),
+   but got 16").
+2. *Some large V give NaN for every row.* For V above 16K (bf16/fp16; 64K for float32) the
+   forward kernel splits each row over a cluster of CTAs, each warp reducing its own
+   columns: ``max`` then ``sum(exp(x - max))``. Out-of-range columns are filled with -inf.
+   When the tiling gives a warp no real column at all (``tile * cta + 32 * vec * warp >= V``;
+   on sm 9.0 with bf16 this happens for V = 151936 and 152064, the Qwen vocabularies, and
+   100352, but not 128256 or 262144), that warp computes ``exp(-inf - -inf) = NaN`` and the
+   cluster reduction spreads it to every row's lse, loss and gradient.
+
+When either applies, the logits are padded (``F.pad``, differentiable: the gradient is a
+view of Quack's padded gradient) to the smallest multiple of 8, ``V'``, whose tiling gives
+every warp at least one column of the padded tensor. The pad value is a large *finite*
+negative number (``-1e30``; ``-65504`` in float16) so that a warp holding only padding
+reduces to a finite max, and its columns add ``exp(pad - lse) = 0`` to the sum and the
+gradient. (For float16 this is exact unless a row's largest logit is below about -65400.)
+The cost is one copy of the logits (and a padded gradient): about 2 x N x V' x element size
+more memory traffic, only for the affected vocabularies. The tiling is computed from
+Quack 0.6.5's source (``CrossEntropy._set_cluster_n``, ``_threads_per_row``,
+``ReductionBase._get_tiled_copy``) and the GPU's compute capability.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.nn.functional as F
 
 from ._common import (
     check_device,
@@ -50,5 +77,69 @@ def cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor, *, ignore_inde
         # An empty sum, still connected to the graph so backward gives (empty) zeros.
         return logits.sum(dtype=torch.float32) * 0.0
     check_label_range(labels, vocab, ignore_index, _OP)
-    x = to_layout(logits, layout_div(vocab, logits))
+    bits = logits.element_size() * 8
+    padded = padded_vocab(vocab, bits, arch_major(logits.device))
+    if padded != vocab:
+        # F.pad writes a fresh contiguous tensor: no layout fix needed after it.
+        x = F.pad(logits, (0, padded - vocab), value=_PAD_VALUE[logits.dtype])
+    else:
+        x = to_layout(logits, layout_div(vocab, logits))
     return _quack_cross_entropy(x, labels, ignore_index=ignore_index, reduction="sum")
+
+
+#: Finite pad logits (module docstring): exp(pad - lse) is 0 in float32, and pad * log2(e)
+#: does not overflow float32 inside Quack's exp2.
+_PAD_VALUE = {torch.float32: -1e30, torch.bfloat16: -1e30, torch.float16: -65504.0}
+
+#: Compute capability major assumed for non-CUDA tensors (only the unit tests' stand-in gets
+#: them: the device check refuses CPU tensors otherwise); sm 9.0 is the registered minimum.
+STAND_IN_ARCH_MAJOR = 9
+
+
+def arch_major(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_capability(device)[0]
+    return STAND_IN_ARCH_MAJOR
+
+
+def forward_tiling(vocab: int, bits: int, major: int) -> tuple[int, int, int, int]:
+    """``(cluster_n, threads_per_row, vecsize, tile_n)`` of Quack 0.6.5's CE forward kernel.
+
+    Mirrors ``CrossEntropy._set_cluster_n`` / ``_threads_per_row`` (no ``_cap_cluster_n``
+    there) and ``ReductionBase._get_tiled_copy``; forward only (no dx), so the widest dtype
+    is the logits'.
+    """
+    if major < 9:
+        cluster = 1
+    else:
+        max_cluster = 8 if major == 12 else 16
+        if bits == 16 or (major == 12 and bits >= 32):
+            limits = ((16 << 10, 1), (32 << 10, 2), (64 << 10, 4), (128 << 10, 8))
+        else:
+            limits = ((16 << 10, 1), (64 << 10, 2), (128 << 10, 4), (256 << 10, 8))
+        cluster = next((c for limit, c in limits if vocab <= limit), max_cluster)
+    tpr_limits = ((64, 8), (128, 16), (3072, 32), (6144, 64), (16384, 128))
+    threads_per_row = next((t for limit, t in tpr_limits if vocab <= limit), 256)
+    vec = math.gcd(vocab, 128 // bits)
+    blocks = -(-(vocab // vec) // (threads_per_row * cluster))
+    return cluster, threads_per_row, vec, vec * blocks * threads_per_row
+
+
+def has_empty_warp(vocab: int, bits: int, major: int) -> bool:
+    """True if some warp (thread group) of the forward launch gets no column ``< vocab``."""
+    cluster, tpr, vec, tile = forward_tiling(vocab, bits, major)
+    group = min(tpr, 32)
+    # A group's first column is its lowest; the group is empty iff that is out of range.
+    return any(c * tile + g * group * vec >= vocab for c in range(cluster) for g in range(tpr // group))
+
+
+def padded_vocab(vocab: int, bits: int, major: int) -> int:
+    """``vocab`` if Quack handles it as is, else the padded width to use (module docstring)."""
+    copies_ok = math.gcd(vocab, 128 // bits) * bits >= 32
+    if copies_ok and not has_empty_warp(vocab, bits, major):
+        return vocab
+    v = -(-vocab // 8) * 8
+    # Terminates within one tile: a width that fills every CTA's tile has no empty warp.
+    while has_empty_warp(v, bits, major):
+        v += 8
+    return v

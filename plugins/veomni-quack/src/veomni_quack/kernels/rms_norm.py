@@ -16,9 +16,17 @@ residual_dtype=None, eps=1e-6, prenorm=False, weight_offset=0.0)`` is an autogra
   output (inside the declared tolerances; Quack's is the more accurate of the two).
 
 The residual / prenorm / bias / per-head arguments are not used: the contract has none.
+
+**Hidden size constraint.** Each thread copies ``gcd(H, 16 bytes / widest element)`` elements
+of every tensor; when that is a single 16-bit element the CuTe compiler rejects the copy
+("'cp_size' only supports (32, 64, 128), but got 16", seen on an H100 with bf16, H = 37).
+So H must be even when the input or the weight is bf16/fp16 (any H with both float32).
+Such shapes are refused here, before Quack is called, naming the fix (another kernel).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -40,6 +48,15 @@ def _check(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float) -> Non
         raise ValueError(
             f"{_OP} (quack): weight must have shape [H] = [{h}] (the last dimension of hidden_states "
             f"{tuple(hidden_states.shape)}), got {tuple(weight.shape)}"
+        )
+    widest = max(hidden_states.element_size(), weight.element_size())
+    narrowest = min(hidden_states.element_size(), weight.element_size())
+    if math.gcd(h, 16 // widest) * narrowest < 4:
+        raise ValueError(
+            f"{_OP} (quack): hidden size H = {h} is odd, which Quack 0.6.5 cannot compile for "
+            f"{hidden_states.dtype} input with a {weight.dtype} weight (each thread copies at least 32 bits, "
+            "i.e. 2 elements of a 16-bit dtype; CuTe: \"'cp_size' only supports (32, 64, 128), but got 16\"). "
+            "Choose another rms_norm kernel for this model (e.g. 'triton' or 'eager')"
         )
     if isinstance(eps, torch.Tensor) or not isinstance(eps, (int, float)) or isinstance(eps, bool) or eps < 0:
         raise ValueError(f"{_OP} (quack): eps must be a non-negative Python float, got {eps!r}")

@@ -1,18 +1,67 @@
 """STAND-IN of quack.cross_entropy (0.6.5): ``cross_entropy`` with the real signature, plain torch."""
 
+import math
 from typing import Literal
 
 import torch
 
-from quack._layout import assert_layout, div_for
+from quack._layout import assert_copy_width, assert_layout, div_for
 
 CALLS: list = []
+
+#: Compute capability major the stand-in "compiles" for (the real one asks the DSL).
+ARCH_MAJOR = 9
+
+
+def _forward_launch(n: int, bits: int):
+    """(cluster_n, threads_per_row, vecsize, tile_n) of the real 0.6.5 forward kernel
+    (CrossEntropy._set_cluster_n, _threads_per_row, ReductionBase._get_tiled_copy)."""
+    if ARCH_MAJOR < 9:
+        cluster = 1
+    else:
+        wide = not (bits == 16 or (ARCH_MAJOR == 12 and bits >= 32))
+        limits = [(16384, 1), (65536, 2), (131072, 4), (262144, 8)] if wide else \
+            [(16384, 1), (32768, 2), (65536, 4), (131072, 8)]
+        cluster = 8 if ARCH_MAJOR == 12 else 16
+        for limit, c in limits:
+            if n <= limit:
+                cluster = c
+                break
+    tpr = 256
+    for limit, t in [(64, 8), (128, 16), (3072, 32), (6144, 64), (16384, 128)]:
+        if n <= limit:
+            tpr = t
+            break
+    vec = math.gcd(n, 128 // bits)
+    blocks = -(-(n // vec) // (tpr * cluster))
+    return cluster, tpr, vec, vec * blocks * tpr
+
+
+def _clustered_lse(xf: torch.Tensor, bits: int) -> torch.Tensor:
+    """The real forward's online-softmax reduction, step by step: columns past N are -inf;
+    each group of min(threads_per_row, 32) threads takes its max and sum(exp(x - max)) (NaN
+    for a group with no column < N: exp(-inf - -inf)); the groups of the whole cluster are
+    then combined as sum_g s_g * exp(m_g - M)."""
+    m, n = xf.shape
+    cluster, tpr, vec, tile = _forward_launch(n, bits)
+    full = torch.full((m, cluster * tile), -math.inf, dtype=torch.float32)
+    full[:, :n] = xf
+    # column = cta * tile + block * (tpr * vec) + thread * vec + v
+    t = full.view(m, cluster, tile // (tpr * vec), tpr, vec)
+    group = min(tpr, 32)
+    t = t.view(m, cluster, t.shape[2], tpr // group, group, vec).permute(0, 1, 3, 2, 4, 5)
+    t = t.reshape(m, cluster, tpr // group, -1)
+    gmax = t.amax(-1)
+    gsum = torch.exp(t - gmax[..., None]).sum(-1)
+    top = gmax.amax(dim=(1, 2))
+    total = (gsum * torch.exp(gmax - top[:, None, None])).sum(dim=(1, 2))
+    return top + torch.log(total)
 
 
 def _row_losses(x: torch.Tensor, target: torch.Tensor, ignore_index: int):
     """Float32 per-row loss (0 where ignored) and lse, as the real forward kernel writes them."""
     xf = x.float()
-    lse = torch.logsumexp(xf, dim=-1)
+    lse = _clustered_lse(xf, x.element_size() * 8)
     valid = target != ignore_index
     # The real kernel reads x[row, target] only for counted rows; an out-of-range target is
     # an out-of-bounds read there, an IndexError here.
@@ -29,6 +78,7 @@ class CrossEntropyFunction(torch.autograd.Function):
         assert x.dtype in [torch.float16, torch.bfloat16, torch.float32], "Unsupported input dtype"
         assert target.dtype in [torch.int32, torch.int64], "Target must be int32 or int64"
         assert lse_partial is None and weight is None  # not used by the adapters
+        assert_copy_width(x.shape[1], x)
         assert_layout(x, div_for(x.shape[1], x), "x")
         loss, lse = _row_losses(x, target, ignore_index)
         ctx.save_for_backward(x, target, lse)

@@ -4,7 +4,7 @@
 import torch
 from torch import Tensor
 
-from quack._layout import assert_layout, div_for
+from quack._layout import assert_copy_width, assert_layout, div_for
 
 #: Every call's arguments, for the adapters' translation tests.
 CALLS: list = []
@@ -18,6 +18,7 @@ class RMSNormFunction(torch.autograd.Function):
         assert x.dtype in supported, "Unsupported dtype"
         assert weight.dtype in supported, "Weight must be float32, float16 or bfloat16"
         n = x.shape[-1]
+        assert_copy_width(n, x, weight)
         div = div_for(n, x, weight)
         assert_layout(x, div, "x")
         assert_layout(weight, div, "weight")
