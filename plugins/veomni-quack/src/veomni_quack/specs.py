@@ -20,8 +20,10 @@ What is registered, and why each field has the value it has:
   ``offset`` is exactly the contract; ``standard`` rounds once instead of twice (kernels/rms_norm.py).
 * ``cross_entropy``: ``logits`` (``quack.cross_entropy.cross_entropy``, float32 per-row
   losses, ``reduction="sum"``) and ``fused_linear`` (``quack.linear_cross_entropy``), the
-  latter **not yet run**: its import failed against nvidia-cutlass-dsl 4.8.1 once; if it
-  still does, resolution refuses it with the import error chained.
+  latter **not yet run**: importing ``quack.linear_cross_entropy`` fails with
+  nvidia-cutlass-dsl 4.8.1 (H100 run of 2026-11-21, ContextVar semantic-key TypeError), so
+  resolution refuses it with the import error chained. It stays registered on purpose
+  (README "fused_linear").
 * Not registered: ``swiglu`` (Quack has SwiGLU only as a GEMM epilogue, no elementwise
   ``silu(gate) * up`` kernel), ``rotary`` (Quack's rotary is a GEMM epilogue / interleaved
   layout, not the contract), ``moe_experts`` (Quack's varlen GEMM with a row gather could
@@ -95,11 +97,13 @@ def rms_norm() -> list[KernelSpec]:
     return [
         _spec(
             "rms_norm", "standard", "rms_norm:rms_norm_standard", _RMS_TOL,
-            "Quack RMSNorm (quack.rmsnorm.rmsnorm, weight_offset=0): x̂ * w in fp32, one cast; fp32 dW partials",
+            "Quack RMSNorm (quack.rmsnorm.rmsnorm, weight_offset=0): x̂ * w in fp32, one cast; fp32 dW partials. "
+            "H must be even when x or w is bf16/fp16 (Quack 0.6.5 cannot compile 16-bit copies: refused)",
         ),
         _spec(
             "rms_norm", "offset", "rms_norm:rms_norm_offset", _RMS_TOL,
-            "Quack RMSNorm (quack.rmsnorm.rmsnorm, weight_offset=1.0): x̂ * (1 + w) in fp32, one cast",
+            "Quack RMSNorm (quack.rmsnorm.rmsnorm, weight_offset=1.0): x̂ * (1 + w) in fp32, one cast. "
+            "H must be even when x or w is bf16/fp16 (Quack 0.6.5 cannot compile 16-bit copies: refused)",
         ),
     ]
 
@@ -109,12 +113,16 @@ def cross_entropy() -> list[KernelSpec]:
     return [
         _spec(
             "cross_entropy", "logits", "cross_entropy:cross_entropy_sum", _CE_TOL,
-            "Quack cross-entropy (quack.cross_entropy, fp32 per-row loss, reduction='sum'), out-of-place backward",
+            "Quack cross-entropy (quack.cross_entropy, fp32 per-row loss, reduction='sum'), out-of-place backward. "
+            "Logits padded (one copy) when V is odd (16-bit) or Quack 0.6.5's cluster tiling would give NaN "
+            "(sm 9.0 bf16: e.g. V = 151936, 152064, 100352)",
         ),
         _spec(
             "cross_entropy", "fused_linear", "linear_cross_entropy:fused_linear_cross_entropy_sum", _FLCE_TOL,
-            "Quack chunked linear cross-entropy (quack.linear_cross_entropy), no bias, H/V multiples of 8; "
-            "NOT YET RUN: its import failed against nvidia-cutlass-dsl 4.8.1 once",
+            "Quack chunked linear cross-entropy (quack.linear_cross_entropy), no bias, H/V multiples of 8. "
+            "NOT YET RUN: registered, refuses at resolution with nvidia-cutlass-dsl 4.8.1 (H100, 2026-11-21): "
+            "importing quack.linear_cross_entropy 0.6.5 raises \"TypeError: epilogue fn depends on "
+            "<ContextVar name='_LOC_TRANSFORMS'> ... which has no fail-closed semantic key\"",
             dtypes=("bfloat16", "float16"),
         ),
     ]
