@@ -139,12 +139,13 @@ def _check_against_transformers(name: str, config, registry, expect_logits_with_
 
 @pytest.mark.parametrize("name", MODELS)
 def test_all_eager_matches_transformers(name, registry):
-    binding = _check_against_transformers(name, ALL_EAGER, registry, expect_logits_with_labels=False)
+    binding = _check_against_transformers(name, ALL_EAGER, registry, expect_logits_with_labels=True)
     kernels = {(e.op, e.variant): e.kernel for e in binding.plan.entries}
     assert set(kernels.values()) == {"eager"}
-    # Every place got a kernel; the causal-LM loss took the fused_linear eager reference.
+    # Every place got a kernel; an eager loss is transformers' own: logits, then the loss
+    # (the logits are returned), not the fused form.
     assert len(binding.bound) == len(survey(build(name)))
-    assert ("cross_entropy", "fused_linear") in kernels
+    assert ("cross_entropy", "logits") in kernels and ("cross_entropy", "fused_linear") not in kernels
 
 
 @pytest.mark.parametrize("name", MODELS)

@@ -250,6 +250,12 @@ def apply(
             from .resolve import _as_config
 
             cfg = _as_config(config_or_plan)
+    if cfg.for_op("cross_entropy") == "eager":
+        # The reference means "what transformers does": logits, then the loss (and the
+        # logits are returned). Other kernels prefer the fused form, which never holds them.
+        for p in places:
+            if p.op == "cross_entropy":
+                p.variant = ("logits", "fused_linear")
     unplaced = [
         f"{OP_TO_FIELD[op]}={cfg.for_op(op)!r}"
         for op in OP_TO_FIELD
