@@ -114,3 +114,31 @@ def test_bad_inputs_are_explained():
         LB.load_balancing_loss(x, 4, 2, torch.ones(2, 4))
     with pytest.raises(TypeError, match="non-empty sequence"):
         LB.load_balancing_loss([], 4, 2)
+
+
+def test_ties_at_the_top_k_boundary_take_the_lowest_index():
+    # The kernel's fast top-k drops every entry equal to a row's max per round; rows where that
+    # drops more than K entries are redone exactly. Mixed tiles: ties straddling the K-th place,
+    # ties inside the top-k, underflowing probabilities (exact zeros), plain rows, and layers
+    # whose tiles share programs (the strips cross layer boundaries).
+    e, k = 8, 3
+    base = torch.randn(3, 29, e, dtype=torch.float64)
+    base[0, 3] = torch.tensor([0.0, 3.0, 1.0, 5.0, 1.0, 0.0, 0.0, 0.0])  # 3rd place tied: 2 and 4
+    base[1, 7] = torch.tensor([2.0, 2.0, 2.0, 2.0, -1.0, 0.0, 0.0, 0.0])  # 4 tied for 3 places
+    base[2, 11] = torch.tensor([-200.0] * 6 + [0.0, -200.0])  # one expert, the rest underflow to 0
+    base[1, 20] = torch.tensor([1.0, 0.5, 1.0, 0.5, 0.5, 0.0, 0.0, 0.0])  # ties inside and at the edge
+    logits = [x.float() for x in base.unbind(0)]
+    got, _ = run(LB.load_balancing_loss, logits, e, k, None)
+
+    # float64 reference with the same tie rule: a stable descending sort keeps the lower index first
+    p = torch.softmax(torch.stack([x.double() for x in logits]), dim=-1)
+    top = torch.sort(p, dim=-1, descending=True, stable=True).indices[..., :k]
+    counts = torch.zeros(e, dtype=torch.float64).index_add_(0, top.reshape(-1), torch.ones(top.numel(), dtype=torch.float64))
+    n = p.shape[0] * p.shape[1]
+    want = e * torch.sum(counts / n * p.sum(dim=(0, 1)) / n)
+    torch.testing.assert_close(got.double(), want, atol=1e-6, rtol=1e-5)
+    # the tie rule matters here: choosing the higher index at the boundary gives another loss
+    alt = top.clone()
+    alt[0, 3] = torch.tensor([3, 1, 4])
+    counts_alt = torch.zeros(e, dtype=torch.float64).index_add_(0, alt.reshape(-1), torch.ones(alt.numel(), dtype=torch.float64))
+    assert abs(e * torch.sum(counts_alt / n * p.sum(dim=(0, 1)) / n) - want) > 1e-4

@@ -16,12 +16,19 @@ takes the lowest expert index.
 Launches: forward = 2 (plus a small pinned host-to-device copy of the pointer table and, with
 a mask, one cast of the mask), backward = 1.
 
-* ``_lbl_partial_kernel``: programs (layer, strip of tokens). The L logits tensors are read in
-  place through a table of their addresses and row strides (no ``torch.stack`` copy of
-  ``L*T*E`` values). Per block of rows: fp32 softmax, top-k by ``TOPK`` rounds of
-  arg-max with masking, all in registers; each program keeps register accumulators of the
-  (mask-weighted) route counts and probability sums and writes one row of each to a
-  ``[programs, E]`` buffer. Nothing of size ``T*E`` is ever written.
+* ``_lbl_partial_kernel``: the L logits tensors are read in place through a table of their
+  element offsets from ``gate_logits[0]`` and row strides (no ``torch.stack`` copy of
+  ``L*T*E`` values); when every layer is 16-byte aligned the kernel knows it (``VEC``) and
+  loads 16 bytes a thread with each row inside one warp, so the row reductions are warp
+  shuffles (without that hint each row spanned all warps and every reduction of the top-k
+  went through shared memory: 20x off the memory bandwidth on an H100). Tiles of
+  ``BLOCK_T`` rows are numbered over all layers and a fixed number of programs (8 a SM)
+  each walk a strip of them. Per tile: fp32 softmax; top-k by ``TOPK`` rounds of "row max,
+  drop the entries equal to it" (value-only reductions), and where exact ties made a row
+  drop more than ``TOPK`` entries, the tile is redone with ``TOPK`` rounds of arg-max
+  (ties: lowest index). Register accumulators of the (mask-weighted) route counts and
+  probability sums; one row of each per program to a ``[programs, E]`` buffer. Nothing
+  of size ``T*E`` is ever written.
 * ``_lbl_reduce_kernel`` (one program): sums the partial rows in a fixed order (no atomics:
   bitwise reproducible), the mask, and produces the loss and the backward coefficient
   ``c_e = E * count_e / N**2``.
@@ -49,47 +56,65 @@ _TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.floa
 
 @triton.jit
 def _lbl_partial_kernel(
-    table_ptr, mask_ptr, cnt_ptr, psum_ptr,
-    T, E, L, ROWS_PER_PROG,
-    DTYPE: tl.constexpr, TOPK: tl.constexpr, HAS_MASK: tl.constexpr,
+    x0_ptr, table_ptr, mask_ptr, cnt_ptr, psum_ptr,
+    T, E, L, TILES_PER_LAYER, TOTAL_TILES, TILES_PER_PROG,
+    DTYPE: tl.constexpr, TOPK: tl.constexpr, HAS_MASK: tl.constexpr, VEC: tl.constexpr,
     BLOCK_T: tl.constexpr, E_POW2: tl.constexpr,
 ):
+    # Tiles of BLOCK_T rows are numbered over all layers (tile g: layer g // TILES_PER_LAYER);
+    # program pid walks tiles [pid * TILES_PER_PROG, ...): the number of programs is chosen
+    # for the GPU, whatever the number of layers, and a strip may cross into the next layer.
     pid = tl.program_id(0)
-    progs_per_layer = tl.num_programs(0) // L
-    layer = pid // progs_per_layer
-    part = pid % progs_per_layer
-    base = tl.load(table_ptr + layer).to(tl.pointer_type(DTYPE))
-    row_stride = tl.load(table_ptr + L + layer)
     cols = tl.arange(0, E_POW2)
     cmask = cols < E
     cnt = tl.zeros((BLOCK_T, E_POW2), dtype=tl.float32)
     psum = tl.zeros((BLOCK_T, E_POW2), dtype=tl.float32)
-    t_begin = part * ROWS_PER_PROG
-    t_end = tl.minimum(t_begin + ROWS_PER_PROG, T)
-    for t0 in range(t_begin, t_end, BLOCK_T):
-        rows = t0 + tl.arange(0, BLOCK_T)
-        rmask = rows < t_end
+    g_begin = pid * TILES_PER_PROG
+    g_end = tl.minimum(g_begin + TILES_PER_PROG, TOTAL_TILES)
+    for g in range(g_begin, g_end):
+        layer = g // TILES_PER_LAYER
+        shift = tl.load(table_ptr + layer)
+        row_stride = tl.load(table_ptr + L + layer)
+        if VEC > 1:
+            # host-checked: 16-byte aligned rows. Lets the compiler use 16-byte loads and a
+            # layout whose rows lie inside one warp (without it each row spans the 4 warps and
+            # every row reduction of the top-k goes through shared memory and a barrier).
+            shift = tl.multiple_of(shift, VEC)
+            row_stride = tl.multiple_of(row_stride, VEC)
+        base = x0_ptr + shift
+        rows = (g - layer * TILES_PER_LAYER) * BLOCK_T + tl.arange(0, BLOCK_T)
+        rmask = rows < T
         x = tl.load(
             base + rows[:, None].to(tl.int64) * row_stride + cols[None, :],
             mask=rmask[:, None] & cmask[None, :], other=float("-inf"),
         ).to(tl.float32)
         # rows past the end become all-zero logits (finite softmax) with weight 0
         x = tl.where(rmask[:, None], x, 0.0)
-        x_max = tl.max(x, axis=1)
-        ex = tl.exp(x - x_max[:, None])
+        ex = tl.exp(x - tl.max(x, axis=1)[:, None])
         p = ex / tl.sum(ex, axis=1)[:, None]
         if HAS_MASK:
             wt = tl.load(mask_ptr + rows, mask=rmask, other=0.0)
         else:
             wt = rmask.to(tl.float32)
         psum += p * wt[:, None]
-        # top-k: TOPK rounds of arg-max (ties: lowest index); padded columns can never win
+        # top-k, fast path: TOPK rounds of "row max, then drop every entry equal to it" (a
+        # value-only reduction, half the shuffles of an arg-max). Padded columns hold -1 and
+        # are never the max. Without ties this drops exactly the top-k; when a round drops
+        # more than one entry (exact ties, e.g. probabilities that underflow to 0) the row
+        # may have dropped more than TOPK entries, and then the tile is redone exactly below.
         q = tl.where(cmask[None, :], p, -1.0)
         for _k in tl.static_range(TOPK):
-            best = tl.argmax(q, axis=1)
-            hit = cols[None, :] == best[:, None]
-            cnt += tl.where(hit, wt[:, None], 0.0)
-            q = tl.where(hit, -1.0, q)
+            q = tl.where(q == tl.max(q, axis=1)[:, None], -1.0, q)
+        sel = (q < 0.0) & cmask[None, :]
+        nsel = tl.where(rmask, tl.sum(sel.to(tl.int32), axis=1), 0)
+        if tl.max(nsel, axis=0) > TOPK:
+            # exact: TOPK rounds of arg-max, ties to the lowest expert index
+            q = tl.where(cmask[None, :], p, -1.0)
+            for _k in tl.static_range(TOPK):
+                best = tl.argmax(q, axis=1)
+                q = tl.where(cols[None, :] == best[:, None], -1.0, q)
+            sel = (q < 0.0) & cmask[None, :]
+        cnt += tl.where(sel, wt[:, None], 0.0)
     out = pid.to(tl.int64) * E_POW2 + cols
     tl.store(cnt_ptr + out, tl.sum(cnt, axis=0))
     tl.store(psum_ptr + out, tl.sum(psum, axis=0))
@@ -132,9 +157,9 @@ def _lbl_reduce_kernel(
 
 @triton.jit
 def _lbl_bwd_kernel(
-    table_ptr, mask_ptr, coef_ptr, gout_ptr, dx_ptr,
+    x0_ptr, table_ptr, mask_ptr, coef_ptr, gout_ptr, dx_ptr,
     T, E, L,
-    DTYPE: tl.constexpr, HAS_MASK: tl.constexpr, BLOCK_T: tl.constexpr, E_POW2: tl.constexpr,
+    HAS_MASK: tl.constexpr, VEC: tl.constexpr, BLOCK_T: tl.constexpr, E_POW2: tl.constexpr,
 ):
     pid = tl.program_id(0)
     blocks = (T + BLOCK_T - 1) // BLOCK_T
@@ -143,8 +168,12 @@ def _lbl_bwd_kernel(
     rmask = rows < T
     cols = tl.arange(0, E_POW2)
     cmask = cols < E
-    base = tl.load(table_ptr + layer).to(tl.pointer_type(DTYPE))
+    shift = tl.load(table_ptr + layer)
     row_stride = tl.load(table_ptr + L + layer)
+    if VEC > 1:
+        shift = tl.multiple_of(shift, VEC)
+        row_stride = tl.multiple_of(row_stride, VEC)
+    base = x0_ptr + shift
     m2 = rmask[:, None] & cmask[None, :]
     x = tl.load(base + rows[:, None].to(tl.int64) * row_stride + cols[None, :], mask=m2, other=float("-inf"))
     x = tl.where(rmask[:, None], x.to(tl.float32), 0.0)
@@ -167,30 +196,51 @@ def _lbl_bwd_kernel(
 #: loop's router logits come back at the same addresses step after step (caching allocator),
 #: so most calls need no host-to-device copy; and under CUDA-graph capture the table was
 #: made in the warm-up run, so no copy from a (reusable) pinned host buffer gets captured.
-_TABLES: OrderedDict[tuple, torch.Tensor] = OrderedDict()
+_TABLES: OrderedDict[tuple, tuple[torch.Tensor, int]] = OrderedDict()
 _TABLES_MAX = 16
 
 
-def _pointer_table(logits: Sequence[torch.Tensor]) -> torch.Tensor:
-    """int64 ``[2, L]``: each layer's data address and row stride, on the logits' device.
+def _pointer_table(logits: Sequence[torch.Tensor]) -> tuple[torch.Tensor, int]:
+    """int64 ``[2, L]`` on the logits' device: each layer's start as an element offset from
+    ``logits[0]`` and its row stride; and ``VEC``, the number of elements (up to 16 bytes)
+    that divides every offset and stride when ``logits[0]`` is 16-byte aligned (else 1).
 
-    Built on the host and, when not cached, sent with one asynchronous copy from pinned
-    memory: the host never waits for the GPU.
+    The kernels read layer ``l`` at ``logits[0] + offset[l]``: a typed pointer argument plus
+    an offset keeps the alignment facts the compiler needs for 16-byte loads (a pointer cast
+    from a loaded integer carries none). Built on the host and, when not cached, sent with
+    one asynchronous copy from pinned memory: the host never waits for the GPU.
     """
-    values = [t.data_ptr() for t in logits] + [t.stride(0) for t in logits]
+    elt = logits[0].element_size()
+    p0 = logits[0].data_ptr()
+    ptrs = [t.data_ptr() for t in logits]
+    strides = [t.stride(0) for t in logits]
     dev = logits[0].device
-    key = (str(dev), *values)
-    table = _TABLES.get(key)
-    if table is not None:
+    key = (str(dev), *ptrs, *strides)
+    hit = _TABLES.get(key)
+    if hit is not None:
         _TABLES.move_to_end(key)
-        return table
-    table = torch.tensor(values, dtype=torch.int64)
+        return hit
+    # (callers made every layer element-aligned relative to logits[0]: see _aligned_layers)
+    shifts = [(p - p0) // elt for p in ptrs]
+    vec = 16 // elt if p0 % 16 == 0 else 1
+    while vec > 1 and any(v % vec for v in shifts + strides):
+        vec //= 2
+    table = torch.tensor(shifts + strides, dtype=torch.int64)
     if dev.type == "cuda":
         table = table.pin_memory().to(dev, non_blocking=True)
-        _TABLES[key] = table
+        _TABLES[key] = (table, vec)
         if len(_TABLES) > _TABLES_MAX:
             _TABLES.popitem(last=False)
-    return table
+    return table, vec
+
+
+def _aligned_layers(logits: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Unit stride along experts, and every layer's address a whole number of elements from
+    the first one's (always so for real allocations; a byte-offset view gets copied)."""
+    logits = [_rows_ok(x) for x in logits]
+    elt = logits[0].element_size()
+    p0 = logits[0].data_ptr()
+    return [x if (x.data_ptr() - p0) % elt == 0 else x.clone() for x in logits]
 
 
 def _rows_ok(t: torch.Tensor) -> torch.Tensor:
@@ -198,17 +248,22 @@ def _rows_ok(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(1) == 1 or t.shape[1] == 1 else t.contiguous()
 
 
-def _fwd_launch(t: int, e: int, num_layers: int, device: torch.device) -> tuple[int, int, int, int]:
+def _fwd_launch(t: int, e: int, num_layers: int, device: torch.device) -> tuple[int, int, int, int, int]:
+    """(E_POW2, BLOCK_T, tiles per layer, total tiles, programs) of the partial kernel."""
     e_pow2 = max(16, next_pow2(e))
-    # four [BLOCK_T, E] fp32 tiles live at once (logits/probs, top-k scratch, two accumulators):
-    # 2048 values keep them in registers at 4 warps (sm90 compile: 168 registers, no spill)
-    block_t = max(1, min(64, 2048 // e_pow2))
-    blocks = triton.cdiv(t, block_t)
-    # a few programs per SM in all, each walking a strip of whole row blocks of one layer
-    per_layer = max(1, min(blocks, triton.cdiv(4 * num_sms(device), num_layers)))
-    rows_per_prog = triton.cdiv(blocks, per_layer) * block_t
-    per_layer = triton.cdiv(t, rows_per_prog)
-    return e_pow2, block_t, per_layer, rows_per_prog
+    # four [BLOCK_T, E] fp32 tiles live at once (probabilities, top-k scratch, two
+    # accumulators): 1024 values at 4 warps is 56 registers in an sm90 compile (E=128,
+    # BLOCK_T=8, no spill), i.e. 9 programs (36 warps) fit on an SM
+    block_t = max(1, min(64, 1024 // e_pow2))
+    if interpreter_active():
+        block_t = min(block_t, 8)  # several tiles per layer at test shapes
+    tiles_per_layer = triton.cdiv(t, block_t)
+    total = num_layers * tiles_per_layer
+    # enough resident programs to hide the load latency; each walks a strip of tiles (which
+    # may run on into the next layer), so the grid does not depend on the number of layers
+    per_sm = 1 if interpreter_active() else 8
+    programs = max(1, min(total, per_sm * num_sms(device)))
+    return e_pow2, block_t, tiles_per_layer, total, programs
 
 
 @torch.library.custom_op("veomni_triton::load_balancing_loss_fwd", mutates_args=())
@@ -218,21 +273,22 @@ def _lbl_fwd(
     num_layers = len(gate_logits)
     t, e = gate_logits[0].shape
     dev = gate_logits[0].device
-    logits = [_rows_ok(x) for x in gate_logits]
+    logits = _aligned_layers(gate_logits)
     loss = torch.empty((), device=dev, dtype=torch.float32)
     coef = torch.empty((e,), device=dev, dtype=torch.float32)
-    e_pow2, block_t, per_layer, rows_per_prog = _fwd_launch(t, e, num_layers, dev)
-    programs = num_layers * per_layer
+    e_pow2, block_t, tiles_per_layer, total, programs = _fwd_launch(t, e, num_layers, dev)
+    tiles_per_prog = triton.cdiv(total, programs)
+    programs = triton.cdiv(total, tiles_per_prog)
     cnt = torch.empty((programs, e_pow2), device=dev, dtype=torch.float32)
     psum = torch.empty((programs, e_pow2), device=dev, dtype=torch.float32)
-    table = _pointer_table(logits)
+    table, vec = _pointer_table(logits)
     has_mask = mask is not None
     mask_arg = mask if has_mask else cnt  # never read without a mask
     with _launch_device(logits[0]):
         if t > 0:
             _lbl_partial_kernel[(programs,)](
-                table, mask_arg, cnt, psum, t, e, num_layers, rows_per_prog,
-                DTYPE=_TL_DTYPES[logits[0].dtype], TOPK=top_k, HAS_MASK=has_mask,
+                logits[0], table, mask_arg, cnt, psum, t, e, num_layers, tiles_per_layer, total, tiles_per_prog,
+                DTYPE=_TL_DTYPES[logits[0].dtype], TOPK=top_k, HAS_MASK=has_mask, VEC=vec,
                 BLOCK_T=block_t, E_POW2=e_pow2, num_warps=4,
             )
         else:
@@ -240,7 +296,7 @@ def _lbl_fwd(
             psum.zero_()
         _lbl_reduce_kernel[(1,)](
             cnt, psum, mask_arg, loss, coef, programs, t, e, num_layers,
-            HAS_MASK=has_mask, BLOCK_P=max(1, min(32, 4096 // e_pow2)), E_POW2=e_pow2, BLOCK_M=1024, num_warps=4,
+            HAS_MASK=has_mask, BLOCK_P=max(1, min(64, 8192 // e_pow2)), E_POW2=e_pow2, BLOCK_M=2048, num_warps=8,
         )
     return loss, coef
 
@@ -258,18 +314,18 @@ def _lbl_bwd(
     num_layers = len(gate_logits)
     t, e = gate_logits[0].shape
     dev = gate_logits[0].device
-    logits = [_rows_ok(x) for x in gate_logits]
+    logits = _aligned_layers(gate_logits)
     dx = torch.empty((num_layers, t, e), device=dev, dtype=logits[0].dtype)
     if t == 0:
         return dx
     e_pow2 = max(16, next_pow2(e))
     block_t = max(1, min(64, 4096 // e_pow2))
-    table = _pointer_table(logits)
+    table, vec = _pointer_table(logits)
     has_mask = mask is not None
     with _launch_device(logits[0]):
         _lbl_bwd_kernel[(num_layers * triton.cdiv(t, block_t),)](
-            table, mask if has_mask else coef, coef, grad.reshape(()).to(torch.float32), dx, t, e, num_layers,
-            DTYPE=_TL_DTYPES[logits[0].dtype], HAS_MASK=has_mask, BLOCK_T=block_t, E_POW2=e_pow2, num_warps=4,
+            logits[0], table, mask if has_mask else coef, coef, grad.reshape(()).to(torch.float32), dx, t, e,
+            num_layers, HAS_MASK=has_mask, VEC=vec, BLOCK_T=block_t, E_POW2=e_pow2, num_warps=4,
         )
     return dx
 
