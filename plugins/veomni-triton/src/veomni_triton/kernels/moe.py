@@ -74,15 +74,18 @@ class GemmConfig:
     num_stages: int
 
 
-#: Configurations at training shapes (hundreds of rows per expert), chosen from offline
-#: sm90/sm80 compiles (no register spills, software pipelining on) pending measurements.
+#: Configurations at training shapes (hundreds of rows per expert). sm90: the fastest preset
+#: measured on an H100 (benchmarks/results/h100-2026-11-21, Qwen3-30B-A3B experts, T=8192,
+#: fwd+bwd 6.47 ms with the first table -> 6.17 ms with these: wide N tiles for the down/dx
+#: GEMMs, a 128x(2*64) gate_up tile at 4 warps and 4 stages); sm80: offline compiles (no
+#: register spills, software pipelining on), not measured yet.
 #: ``gate_up`` holds two accumulators (g and u), i.e. a 128x(2*block_n) output tile;
 #: ``wgrad``'s block_k is the number of token rows reduced per step.
 _TABLE_SM90: dict[str, GemmConfig] = {
-    "gate_up": GemmConfig(128, 128, 64, 8, 3),
-    "down": GemmConfig(128, 128, 64, 4, 4),
-    "dh": GemmConfig(128, 64, 64, 8, 4),
-    "dx": GemmConfig(128, 128, 64, 4, 4),
+    "gate_up": GemmConfig(128, 64, 64, 4, 4),
+    "down": GemmConfig(128, 256, 64, 8, 3),
+    "dh": GemmConfig(128, 128, 64, 8, 3),
+    "dx": GemmConfig(128, 256, 64, 8, 3),
     "wgrad": GemmConfig(128, 128, 64, 8, 3),
 }
 #: Ampere/Ada: mma.sync keeps the accumulators in registers, so smaller tiles.
