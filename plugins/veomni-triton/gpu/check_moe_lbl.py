@@ -2,11 +2,14 @@
 
 Every case runs forward and backward of our kernel and of a float64 reference on the same
 inputs and checks ``|ours - ref| <= atol*scale + rtol*|ref|`` with the tolerances our
-KernelSpec declares. ``scale`` widens atol for reductions whose absolute error grows like the
-square root of their number of terms: sqrt(tokens of the busiest expert) for the expert
-weight gradients, sqrt(I)/2 for the router weights' gradient ``<y, grad_out>``. For the MoE
-cases the same check is run on the core's bf16/fp32 kernel (eager loop or grouped_mm, when
-importable) and its worst error/tolerance ratio is printed beside ours, for context.
+KernelSpec declares (printed per case, never changed here). ``scale`` (printed per row) puts
+atol in the units of the reference tensor, as the core's conformance kit does
+(``veomni_ops.testing.runner.unit_scale``: the reference's RMS rounded to a power of two),
+but never below 1 (the spec's atol is the floor). For the expert weight gradients it is at
+least sqrt(tokens of the busiest expert) (their absolute error grows like the square root of
+the number of summed tokens). For the MoE cases the same check is run on the core's bf16/fp32
+kernel (eager loop or grouped_mm, when importable) and its worst error/tolerance ratio is
+printed beside ours, for context.
 
 Also checked: expert without tokens, all tokens to one expert (duplicate routes), the
 expert-parallel sentinel index, odd sizes (H, I multiples of no tile), a strided input,
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 import sys
 import traceback
 
@@ -43,6 +47,32 @@ def tol_for(op: str, dtype: torch.dtype):
     return spec.tolerance(str(dtype).removeprefix("torch."))
 
 
+def _local_unit_scale(ref: torch.Tensor) -> float:
+    """Same rule as ``veomni_ops.testing.runner.unit_scale`` (used when the core is not importable)."""
+    if ref.numel() <= 1:
+        return 1.0
+    finite = ref[torch.isfinite(ref)]
+    if finite.numel() == 0:
+        return 1.0
+    rms = float(finite.double().pow(2).mean().sqrt())
+    if rms < 2.0**-40 or not math.isfinite(rms):
+        return 1.0
+    return 2.0 ** round(math.log2(rms))
+
+
+def unit_scale(ref: torch.Tensor) -> float:
+    try:
+        from veomni_ops.testing.runner import unit_scale as core_unit_scale
+    except Exception:
+        return _local_unit_scale(ref)
+    return core_unit_scale(ref)
+
+
+def atol_scale(expected: torch.Tensor, floor: float = 1.0) -> float:
+    """atol's unit for this reference: its RMS as a power of two (the core's rule), at least ``floor`` (>= 1)."""
+    return max(1.0, floor, unit_scale(expected.detach().double()))
+
+
 def err_ratio(op, dtype, actual, expected, scale=1.0) -> tuple[float, float]:
     tol = tol_for(op, dtype)
     a = actual.detach().double()
@@ -57,11 +87,15 @@ def err_ratio(op, dtype, actual, expected, scale=1.0) -> tuple[float, float]:
     return err.max().item(), (err / (tol.atol * scale + tol.rtol * e.abs())).max().item()
 
 
-def record(op, case, dtype, tensor, max_err=None, ratio=None, ok=True, note="", context=None):
+def record(op, case, dtype, tensor, max_err=None, ratio=None, ok=True, note="", context=None, scale=None):
+    tol = None
+    if ratio is not None:
+        t = tol_for(op, dtype)
+        tol = [t.atol, t.rtol]
     ROWS.append({
         "op": op, "case": case, "dtype": str(dtype).removeprefix("torch."), "tensor": tensor,
         "max_abs_err": max_err, "worst_err_over_tol": ratio, "core_err_over_tol": context,
-        "pass": bool(ok), "note": note,
+        "atol_scale": scale, "spec_tolerance_atol_rtol": tol, "pass": bool(ok), "note": note,
     })
 
 
@@ -160,7 +194,8 @@ def moe_case(dev, case, t, h, inter, e, k, dtype, routing, strided=False, repeat
     idx = args[1]
     hits = torch.bincount(idx[(idx >= 0) & (idx < e)].reshape(-1), minlength=e)
     busiest = max(1, int(hits.max()))
-    scales = {"d_gate_up_proj": busiest**0.5, "d_down_proj": busiest**0.5, "d_top_k_weights": inter**0.5 / 2}
+    floors = {"d_gate_up_proj": busiest**0.5, "d_down_proj": busiest**0.5}
+    scales = {n: atol_scale(r, floors.get(n, 1.0)) for n, r in zip(MOE_NAMES, ref)}
     context = [None] * 5
     c = core("moe")
     if c is not None:
@@ -171,14 +206,13 @@ def moe_case(dev, case, t, h, inter, e, k, dtype, routing, strided=False, repeat
                 fn = None  # the eager loop (like transformers') cannot take the sentinel index
             if fn is not None:
                 base = moe_run(fn, *args, grad)
-                context = [err_ratio("moe_experts", dtype, b, r, max(1.0, scales.get(n, 1.0)))[1]
-                           for n, b, r in zip(MOE_NAMES, base, ref)]
+                context = [err_ratio("moe_experts", dtype, b, r, scales[n])[1] for n, b, r in zip(MOE_NAMES, base, ref)]
                 del base
         except Exception as ex:  # context only
             print(f"core comparison failed for {case}: {ex}", file=sys.stderr)
     for i, (name, a, r) in enumerate(zip(MOE_NAMES, ours, ref)):
-        me, ratio = err_ratio("moe_experts", dtype, a, r, max(1.0, scales.get(name, 1.0)))
-        record("moe_experts", case, dtype, name, me, ratio, ratio <= 1.0, "vs float64", context[i])
+        me, ratio = err_ratio("moe_experts", dtype, a, r, scales[name])
+        record("moe_experts", case, dtype, name, me, ratio, ratio <= 1.0, "vs float64", context[i], scales[name])
     if routing in ("one_expert", "skewed"):
         empty = hits == 0
         ok = bool((ours[3][empty] == 0).all() and (ours[4][empty] == 0).all())
@@ -260,15 +294,16 @@ def lbl_case(dev, case, layers, b, s, e, k, dtype, masked, repeat=False, compile
             mask[i, s - (i * s) // (2 * b):] = 0  # right padding of growing length
     ours = lbl_run(load_balancing_loss, logits, e, k, mask)
     ref = lbl_run(ref_fn, logits, e, k, mask, cast=torch.float64)
-    me, ratio = err_ratio("load_balancing_loss", dtype, ours[0], ref[0])
+    me, ratio = err_ratio("load_balancing_loss", dtype, ours[0], ref[0], atol_scale(ref[0]))
     record("load_balancing_loss", case, dtype, "loss", me, ratio, ratio <= 1.0 and ours[0].dtype == torch.float32,
-           f"vs {ref_name} float64")
-    worst = (0.0, 0.0)
+           f"vs {ref_name} float64", scale=atol_scale(ref[0]))
+    worst = (0.0, 0.0, 1.0)
     for g, r in zip(ours[1:], ref[1:]):
-        m2, r2 = err_ratio("load_balancing_loss", dtype, g, r)
-        worst = max(worst, (r2, m2))
+        sc = atol_scale(r)
+        m2, r2 = err_ratio("load_balancing_loss", dtype, g, r, sc)
+        worst = max(worst, (r2, m2, sc))
     record("load_balancing_loss", case, dtype, f"d_logits (worst of {layers})", worst[1], worst[0], worst[0] <= 1.0,
-           f"vs {ref_name} float64")
+           f"vs {ref_name} float64", scale=worst[2])
     del ref
     if repeat:
         again = lbl_run(load_balancing_loss, logits, e, k, mask)
@@ -313,15 +348,21 @@ def main() -> int:
     import triton
 
     print(f"device: {name}  torch {torch.__version__}  triton {triton.__version__}", flush=True)
+    print("tolerance: |ours - ref| <= atol*scale + rtol*|ref| with the KernelSpec's (atol, rtol) per dtype (column "
+          "'tol', unchanged); scale = max(1, RMS of the float64 reference rounded to a power of two) as in the core's "
+          "conformance kit (unit_scale), and >= sqrt(tokens of the busiest expert) for the expert weight gradients "
+          "(column 'scale')", flush=True)
     for op in args.ops.split(","):
         {"moe": check_moe, "lbl": check_lbl}[op](dev)
-    fmt = "{:<20} {:<48} {:<9} {:<40} {:>10} {:>8} {:>8}  {}"
-    print(fmt.format("op", "case", "dtype", "tensor", "max_err", "err/tol", "core", "result"))
+    fmt = "{:<20} {:<48} {:<9} {:<40} {:>10} {:>13} {:>7} {:>8} {:>8}  {}"
+    print(fmt.format("op", "case", "dtype", "tensor", "max_err", "tol", "scale", "err/tol", "core", "result"))
     for r in ROWS:
         me = "" if r["max_abs_err"] is None else f"{r['max_abs_err']:.3g}"
         wr = "" if r["worst_err_over_tol"] is None else f"{r['worst_err_over_tol']:.3f}"
         cr = "" if r["core_err_over_tol"] is None else f"{r['core_err_over_tol']:.3f}"
-        print(fmt.format(r["op"], r["case"][:48], r["dtype"], r["tensor"][:40], me, wr, cr,
+        tl_ = "" if r["spec_tolerance_atol_rtol"] is None else "{:g},{:g}".format(*r["spec_tolerance_atol_rtol"])
+        sc = "" if r["atol_scale"] is None else f"{r['atol_scale']:.4g}"
+        print(fmt.format(r["op"], r["case"][:48], r["dtype"], r["tensor"][:40], me, tl_, sc, wr, cr,
                          ("ok" if r["pass"] else "FAIL") + (f"  {r['note']}" if r["note"] else "")))
     bad = [r for r in ROWS if not r["pass"]]
     print(f"\n{len(ROWS) - len(bad)} passed, {len(bad)} failed")
