@@ -47,6 +47,15 @@ import torch.nn.functional as F
 from _setup import SMOKE, pick
 
 ROWS: list[dict] = []
+HEADER: dict = {}
+JSON_PATH: str | None = None
+
+
+def write_json(partial: bool) -> None:
+    """The header and every row so far (after each row: a run cut short keeps its measurements)."""
+    if JSON_PATH:
+        with open(JSON_PATH, "w") as f:
+            json.dump({"header": HEADER, "partial": partial, "rows": ROWS}, f, indent=1)
 
 # --------------------------------------------------------------------------- measurement
 _flush = None
@@ -160,6 +169,11 @@ def measure(op, kernel, preset, shape, dtype, pas, fn, leaves, flops=None, nbyte
     wall = "" if row["wall_ms"] is None else f"{row['wall_ms']:.3f}"
     print(f"{op:20s} {kernel:12s} {preset:14s} {pas:8s} wall {wall:>9s} ms  kernel {kms:>9s} ms  {rate:>14s}  "
           f"peak {row['peak_gib'] or 0:.2f} GiB  {row['note']}", flush=True)
+    if kernel == "triton" and preset == "default" and row["kernels"]:
+        # where the time goes (per call): the first thing to read when tuning
+        for name, ms in list(row["kernels"].items())[:10]:
+            print(f"{'':24s}{ms:9.4f} ms  {name}", flush=True)
+    write_json(partial=True)
     return row
 
 
@@ -228,7 +242,14 @@ def moe_impls() -> dict:
 def moe_presets() -> dict:
     from veomni_triton.kernels.moe import GemmConfig as G
 
+    # the sm90 defaults are the first run's best ("wide_n"); these vary one or two kernels from there
     return {
+        "first_table": dict(gate_up=G(128, 128, 64, 8, 3), down=G(128, 128, 64, 4, 4), dh=G(128, 64, 64, 8, 4),
+                            dx=G(128, 128, 64, 4, 4), wgrad=G(128, 128, 64, 8, 3)),
+        "wgrad_s4": dict(wgrad=G(128, 128, 64, 8, 4)),
+        "wgrad_n256": dict(wgrad=G(128, 256, 64, 8, 3)),
+        "gate_up_s3": dict(gate_up=G(128, 64, 64, 4, 3)),
+        "dh_64": dict(dh=G(128, 64, 64, 8, 4)),
         "s4": dict(gate_up=G(128, 128, 64, 8, 4), wgrad=G(128, 128, 64, 8, 4), dh=G(128, 64, 64, 8, 3)),
         "bm64": dict(gate_up=G(64, 128, 64, 4, 4), down=G(64, 128, 64, 4, 4), dh=G(64, 64, 64, 4, 4),
                      dx=G(64, 128, 64, 4, 4)),
@@ -369,15 +390,18 @@ def main() -> int:
         return 2
     import triton
 
+    global JSON_PATH
+    JSON_PATH = args.json
     torch.manual_seed(0)
-    header = {
+    header = HEADER
+    header.update({
         "device": "cpu (smoke run)" if SMOKE else torch.cuda.get_device_name(),
         "torch": torch.__version__, "triton": triton.__version__,
         "flops": "moe fwd = 2*T*K*(2I*H + H*I) = 6*T*K*H*I; fwd+bwd = 3*fwd",
         "bytes": "load_balancing fwd = L*T*E*e (logits read once); fwd+bwd = 3*L*T*E*e",
         "timing": "wall: median do_bench(warmup=50, rep=300); kernel: torch.profiler sum of GPU kernels per call, "
                   "mean of 20 calls, L2 flushed before each",
-    }
+    })
     header.update(matmul_ceiling())
     print(json.dumps(header, indent=1), flush=True)
     for op in args.ops.split(","):
@@ -389,9 +413,7 @@ def main() -> int:
             print(f"unknown op {op!r}", file=sys.stderr)
             return 2
     summary()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"header": header, "rows": ROWS}, f, indent=1)
+    write_json(partial=False)
     failed = [r for r in ROWS if "ERROR" in r["note"]]
     return 1 if failed else 0
 
