@@ -126,6 +126,13 @@ def test_odd_sizes_small_tiles_strided_input():
         ours = run(M.moe_experts, x_strided, idx, w, gate_up, down, grad)
     ref = run(reference, x, idx, w, gate_up, down, grad, cast=torch.float64)
     check_against(ours, ref, "odd sizes", t * k // e + 4, inter)
+    # the two weight gradients with their own tiles (one wider than a whole weight matrix)
+    with M.override_configs(wgrad_down=GemmConfig(16, 32, 16, 4, 1), wgrad_gate_up=GemmConfig(64, 64, 16, 4, 1)):
+        split = run(M.moe_experts, x_strided, idx, w, gate_up, down, grad)
+    check_against(split, ref, "odd sizes, per-wgrad tiles", t * k // e + 4, inter)
+    with pytest.raises(ValueError, match="unknown moe kernel"):
+        with M.override_configs(wgrad_up=small):
+            pass
 
 
 def test_tile_map_covers_every_row_once():

@@ -105,16 +105,22 @@ _TABLE = _TABLE_SM90
 #: and uneven edges at the odd sizes the tests use.
 _INTERPRET_TABLE: dict[str, GemmConfig] = {k: GemmConfig(32, 64, 32, 4, 1) for k in _TABLE}
 
+#: The two weight-gradient GEMMs (``d down_proj``: I columns, ``d gate_up_proj``: 2I rows) may
+#: have their own entries; without one they use ``wgrad``.
+_WGRAD_KINDS = ("wgrad_down", "wgrad_gate_up")
+KINDS = (*_TABLE, *_WGRAD_KINDS)
+
 _OVERRIDE: dict[str, GemmConfig] = {}
 
 
 @contextlib.contextmanager
 def override_configs(**configs: GemmConfig) -> Iterator[None]:
-    """Use the given :class:`GemmConfig` per kernel (``gate_up``, ``down``, ``dh``, ``dx``, ``wgrad``).
+    """Use the given :class:`GemmConfig` per kernel (``gate_up``, ``down``, ``dh``, ``dx``,
+    ``wgrad`` for both weight gradients, or ``wgrad_down`` / ``wgrad_gate_up`` for one).
 
     For benchmarks (config sweeps) and tests; not thread-safe.
     """
-    unknown = set(configs) - set(_TABLE)
+    unknown = set(configs) - set(KINDS)
     if unknown:
         raise ValueError(f"unknown moe kernel(s) {sorted(unknown)}; known: {sorted(_TABLE)}")
     saved = dict(_OVERRIDE)
@@ -145,13 +151,18 @@ def _smem_bytes(kind: str, cfg: GemmConfig, elt: int) -> int:
 def _config(kind: str, device: torch.device, dtype: torch.dtype, rows_per_expert: float) -> GemmConfig:
     if kind in _OVERRIDE:
         return _OVERRIDE[kind]
+    if kind in _WGRAD_KINDS and "wgrad" in _OVERRIDE:
+        return _OVERRIDE["wgrad"]
     if device.type != "cuda" or interpreter_active():
-        return _INTERPRET_TABLE[kind]
+        return _INTERPRET_TABLE.get(kind, _INTERPRET_TABLE["wgrad"])
     index = device.index if device.index is not None else torch.cuda.current_device()
     if dtype == torch.float32:
         cfg = _FP32_CONFIG
     else:
-        cfg = (_TABLE_SM90 if _capability(index) >= (9, 0) else _TABLE_SM80)[kind]
+        table = _TABLE_SM90 if _capability(index) >= (9, 0) else _TABLE_SM80
+        cfg = table.get(kind) or table["wgrad"]
+    if kind in _WGRAD_KINDS:
+        kind = "wgrad"
     if rows_per_expert < 96:
         # few tokens per expert (small batch, many experts): half-height tiles waste less
         if kind == "wgrad" and cfg.block_k > 32:
@@ -254,6 +265,46 @@ def _grouped_scatter(
     )
 
 
+def _gate_up(
+    hidden: torch.Tensor, perm: torch.Tensor, weights: torch.Tensor, gate_up_proj: torch.Tensor, tiles: _Tiles,
+    gu: torch.Tensor, hw: torch.Tensor, topk: int, save: bool, cfg: GemmConfig,
+) -> None:
+    """hw[row] = w * silu(g) * u with [g | u] = gate_up_proj[e] @ x[token]; gu[row] = [g | u] when ``save``."""
+    num_experts, two_i, h = gate_up_proj.shape
+    inter = two_i // 2
+    tile_expert, tile_start, m_tiles = tiles.get(cfg.block_m)
+    grid = (m_tiles * triton.cdiv(inter, cfg.block_n),)
+    _gate_up_fwd_kernel[grid](
+        hidden, perm, weights, gate_up_proj, tiles.offs, tile_expert, tile_start, gu, hw,
+        num_experts, inter, h,
+        hidden.stride(0), hidden.stride(1),
+        gate_up_proj.stride(0), gate_up_proj.stride(1), gate_up_proj.stride(2),
+        TOPK=topk, SAVE_GU=save, EVEN_K=h % cfg.block_k == 0, EVEN_N=inter % cfg.block_n == 0,
+        PREC=_dot_precision(hidden.dtype), UPCAST=interpreter_active(),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+
+
+def _dh(
+    go: torch.Tensor, perm: torch.Tensor, weights: torch.Tensor, down_proj: torch.Tensor, tiles: _Tiles,
+    gu: torch.Tensor, dgu: torch.Tensor, dwp: torch.Tensor, topk: int, cfg: GemmConfig,
+) -> None:
+    """dgu[row] = d[g | u] and dwp[route, n-tile] partials of d top_k_weights (see ``_dh_bwd_kernel``)."""
+    num_experts, h, inter = down_proj.shape
+    num_n = triton.cdiv(inter, cfg.block_n)
+    tile_expert, tile_start, m_tiles = tiles.get(cfg.block_m)
+    _dh_bwd_kernel[(m_tiles * num_n,)](
+        go, perm, weights, down_proj, tiles.offs, tile_expert, tile_start, gu, dgu, dwp,
+        num_experts, inter, h,
+        go.stride(0), go.stride(1), down_proj.stride(0), down_proj.stride(1), down_proj.stride(2),
+        TOPK=topk, EVEN_K=h % cfg.block_k == 0, EVEN_N=inter % cfg.block_n == 0,
+        PREC=_dot_precision(go.dtype), UPCAST=interpreter_active(),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+
+
 def _wgrad(
     a: torch.Tensor, a_gather: bool, b: torch.Tensor, b_gather: bool, perm: torch.Tensor, offs: torch.Tensor,
     out: torch.Tensor, topk: int, cfg: GemmConfig,
@@ -301,19 +352,8 @@ def _moe_fwd(
         perm, offs = _route(top_k_index.reshape(-1), num_experts)
         tiles = _Tiles(offs, tk, num_experts)
         rpe = tk / num_experts
-        cfg = _config("gate_up", dev, dt, rpe)
-        tile_expert, tile_start, m_tiles = tiles.get(cfg.block_m)
-        grid = (m_tiles * triton.cdiv(inter, cfg.block_n),)
-        _gate_up_fwd_kernel[grid](
-            hidden, perm, top_k_weights, gate_up_proj, offs, tile_expert, tile_start, gu if save else hw, hw,
-            num_experts, inter, h,
-            hidden.stride(0), hidden.stride(1),
-            gate_up_proj.stride(0), gate_up_proj.stride(1), gate_up_proj.stride(2),
-            TOPK=k, SAVE_GU=save, EVEN_K=h % cfg.block_k == 0, EVEN_N=inter % cfg.block_n == 0,
-            PREC=_dot_precision(dt), UPCAST=interpreter_active(),
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )
+        _gate_up(hidden, perm, top_k_weights, gate_up_proj, tiles, gu if save else hw, hw, k, save,
+                 _config("gate_up", dev, dt, rpe))
         y = torch.empty((tk, h), device=dev, dtype=dt)
         # y_r = hw_r @ down_proj[e]^T: B[k=i, n=h] = down_proj[e, h, i]
         _grouped_scatter(
@@ -380,28 +420,19 @@ def _moe_bwd(
         tiles = _Tiles(offs, tk, num_experts)
         if need_down:
             # d down_proj[e][h, i] = sum_r grad_out[token(r), h] * hw[r, i]
-            _wgrad(go, True, hw, False, perm, offs, dd_w, k, _config("wgrad", dev, dt, rpe))
+            _wgrad(go, True, hw, False, perm, offs, dd_w, k, _config("wgrad_down", dev, dt, rpe))
         if need_hidden or need_weights or need_gate_up:
             cfg = _config("dh", dev, dt, rpe)
             num_n = triton.cdiv(inter, cfg.block_n)
             dgu = torch.empty((tk, two_i), device=dev, dtype=dt)
             # one fp32 partial of <y_r, grad_out_t> per (route, N-tile); routes no expert owns stay 0
             dwp = torch.zeros((tk, num_n), device=dev, dtype=torch.float32)
-            tile_expert, tile_start, m_tiles = tiles.get(cfg.block_m)
-            _dh_bwd_kernel[(m_tiles * num_n,)](
-                go, perm, top_k_weights, down_proj, offs, tile_expert, tile_start, gu, dgu, dwp,
-                num_experts, inter, h,
-                go.stride(0), go.stride(1), down_proj.stride(0), down_proj.stride(1), down_proj.stride(2),
-                TOPK=k, EVEN_K=h % cfg.block_k == 0, EVEN_N=inter % cfg.block_n == 0,
-                PREC=_dot_precision(dt), UPCAST=interpreter_active(),
-                BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-            )
+            _dh(go, perm, top_k_weights, down_proj, tiles, gu, dgu, dwp, k, cfg)
             if need_weights:
                 dw = dwp.sum(dim=1).view(t, k).to(top_k_weights.dtype)
             if need_gate_up:
                 # d gate_up_proj[e][j, h] = sum_r d[g|u][r, j] * x[token(r), h]
-                _wgrad(dgu, False, hidden, True, perm, offs, dgu_w, k, _config("wgrad", dev, dt, rpe))
+                _wgrad(dgu, False, hidden, True, perm, offs, dgu_w, k, _config("wgrad_gate_up", dev, dt, rpe))
             if need_hidden:
                 dx_routes = torch.empty((tk, h), device=dev, dtype=dt)
                 # dx_r = d[g|u]_r @ gate_up_proj[e]: B[k=j, n=h] = gate_up_proj[e, j, h]
