@@ -142,3 +142,18 @@ def test_ties_at_the_top_k_boundary_take_the_lowest_index():
     alt[0, 3] = torch.tensor([3, 1, 4])
     counts_alt = torch.zeros(e, dtype=torch.float64).index_add_(0, alt.reshape(-1), torch.ones(alt.numel(), dtype=torch.float64))
     assert abs(e * torch.sum(counts_alt / n * p.sum(dim=(0, 1)) / n) - want) > 1e-4
+
+
+def test_pointer_table_depends_on_the_dtype():
+    # the table holds offsets in elements, and tables are cached by address: the same addresses
+    # read as another dtype need another table (a cache hit here would read the wrong rows)
+    buf = torch.zeros(4096, dtype=torch.uint8)
+    f32 = [buf[:1024].view(torch.float32).view(16, 16), buf[2048:3072].view(torch.float32).view(16, 16)]
+    # same addresses, same row strides (16 elements), other element size
+    b16 = [buf[:1024].view(torch.bfloat16).as_strided((16, 16), (16, 1)),
+           buf[2048:3072].view(torch.bfloat16).as_strided((16, 16), (16, 1))]
+    t32, _ = LB._pointer_table(f32)
+    t16, _ = LB._pointer_table(b16)
+    assert t32.tolist() == [0, 512, 16, 16]
+    assert t16.tolist() == [0, 1024, 16, 16]
+    assert LB._pointer_table(f32)[0] is t32  # a repeat call is a cache hit

@@ -215,7 +215,7 @@ def _pointer_table(logits: Sequence[torch.Tensor]) -> tuple[torch.Tensor, int]:
     ptrs = [t.data_ptr() for t in logits]
     strides = [t.stride(0) for t in logits]
     dev = logits[0].device
-    key = (str(dev), *ptrs, *strides)
+    key = (str(dev), elt, *ptrs, *strides)  # offsets are in elements: the dtype is part of the key
     hit = _TABLES.get(key)
     if hit is not None:
         _TABLES.move_to_end(key)
@@ -228,9 +228,9 @@ def _pointer_table(logits: Sequence[torch.Tensor]) -> tuple[torch.Tensor, int]:
     table = torch.tensor(shifts + strides, dtype=torch.int64)
     if dev.type == "cuda":
         table = table.pin_memory().to(dev, non_blocking=True)
-        _TABLES[key] = (table, vec)
-        if len(_TABLES) > _TABLES_MAX:
-            _TABLES.popitem(last=False)
+    _TABLES[key] = (table, vec)
+    if len(_TABLES) > _TABLES_MAX:
+        _TABLES.popitem(last=False)
     return table, vec
 
 
