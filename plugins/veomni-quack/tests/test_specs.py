@@ -164,6 +164,18 @@ def test_loading_on_hopper_imports_the_adapters():
 
 def test_missing_quack_distribution_is_refused_with_the_install_hint(monkeypatch):
     monkeypatch.setattr(sys, "path", [p for p in sys.path if Path(p or ".").resolve() != FAKES])
+    # Absent whether or not the real quack-kernels is installed in this environment (the
+    # plugin's own nox session installs it as a dependency).
+    import importlib.metadata as md
+
+    real_version = md.version
+
+    def version(name):
+        if name.lower().replace("_", "-") == "quack-kernels":
+            raise md.PackageNotFoundError(name)
+        return real_version(name)
+
+    monkeypatch.setattr(sys.modules["veomni_ops.resolve"].metadata, "version", version)
     with pytest.raises(ResolutionError) as ei:
         resolve(OpsConfig(rms_norm_implementation="quack"), device="cuda:9.0", registry=quack_registry(),
                 needs={"rms_norm": ["standard"]}, load=False)
