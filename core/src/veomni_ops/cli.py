@@ -49,8 +49,9 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
     for p in reg.plugins:
         line = f"  {p.provenance.entry_point:<10} {p.provenance.distribution} {p.provenance.version}: {p.status}"
         if p.reason:
-            line += f" ({p.phase})" if p.phase else ""
             line += f" - {p.reason}"
+        if p.phase:
+            line += f" (at {p.phase})"
         print(line)
     print("kernels:")
     rows = [("op", "variant", "kernel", "hardware", "from", "usable here")]
