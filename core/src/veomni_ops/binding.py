@@ -147,6 +147,7 @@ def survey(model: nn.Module) -> list[Place]:
     """Every place in ``model`` where an op's kernel can be bound, with the variant it needs."""
     places: list[Place] = []
     rot_dim = _rotary_dim(model)
+    rotary_probes: dict[tuple[Any, int, int], bool] = {}
     for path, m in model.named_modules():
         cls = type(m).__name__
         # RMSNorm: a one-input module with a [H] weight whose output is w*x̂ or x̂*(1+w).
@@ -190,7 +191,11 @@ def survey(model: nn.Module) -> list[Place]:
                 glob = _globals(_forward_fn(m))
                 fn = glob.get("apply_rotary_pos_emb")
                 head_dim = int(getattr(m, "qk_rope_head_dim", 0) or getattr(m, "head_dim", 0))
-                if fn is not None and head_dim and _rotary_matches_contract(fn, max(head_dim, rot_dim), rot_dim):
+                probe = (fn, max(head_dim, rot_dim), rot_dim)
+                if fn is not None and head_dim and probe not in rotary_probes:
+                    # Every layer shares the function: probe it once per survey.
+                    rotary_probes[probe] = _rotary_matches_contract(*probe)
+                if fn is not None and head_dim and rotary_probes[probe]:
                     variant = "partial" if rot_dim < head_dim else "full"
                     places.append(Place("rotary", variant, path, m, {"rot_dim": rot_dim}))
     # The causal-LM head: hidden states + lm_head weight are available here, unless the
