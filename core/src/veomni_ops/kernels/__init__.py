@@ -8,9 +8,10 @@ One module per op; every function here follows its op's kernel contract in
 * :mod:`.swiglu` — ``silu_mul``
 * :mod:`.cross_entropy` — ``cross_entropy_sum``, ``fused_linear_cross_entropy_sum``,
   ``chunked_fused_linear_cross_entropy_sum``
-* :mod:`.moe` — ``moe_experts_eager``, ``moe_experts_grouped_mm``, ``grouped_mm_available``
+* :mod:`.moe` — ``check_moe_inputs``, ``moe_experts_eager``, ``moe_experts_grouped_mm``, ``grouped_mm_available``
 * :mod:`.load_balancing` — ``load_balancing_loss``
 * :mod:`.attention` — ``eager_attention``, ``sdpa_attention``
+* :mod:`.checks` — input checks (public: backends' adapters use them too)
 
 The ``eager`` kernels are the reference every other backend is checked against; they
 reproduce transformers' own modules. Nothing is imported here so that importing one

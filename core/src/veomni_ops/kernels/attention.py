@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ._checks import check_float, check_ndim, check_same_device
+from .checks import check_float, check_ndim, check_same_device
 
 _OP = "attention"
 

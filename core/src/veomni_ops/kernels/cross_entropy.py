@@ -23,7 +23,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ._checks import check_float, check_integer, check_ndim, check_same_device, check_same_dtype
+from .checks import check_float, check_integer, check_ndim, check_same_device, check_same_dtype
 
 _OP = "cross_entropy"
 

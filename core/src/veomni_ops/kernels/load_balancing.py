@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ._checks import check_float, check_ndim
+from .checks import check_float, check_ndim
 
 _OP = "load_balancing_loss"
 

@@ -1,5 +1,7 @@
 """Routed experts of an MoE layer (transformers v5 layout), SiLU-gated.
 
+* :func:`check_moe_inputs` — the contract's shape/dtype/device checks, public so that
+  every backend's adapter runs the same ones (with its own tag in the messages).
 * :func:`moe_experts_eager` — the reference: a Python loop over the experts that are hit,
   op for op as transformers' ``Qwen3MoeExperts.forward`` (so bitwise equal to it). It
   synchronises with the host (``nonzero``) and has data-dependent shapes: it does not
@@ -23,57 +25,83 @@ refuses other dtypes rather than hide a sync) and float32/bfloat16/float16 on CP
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 
-from ._checks import check_float, check_integer, check_ndim, check_same_device, check_same_dtype
+from .checks import check_float, check_integer, check_ndim, check_same_device, check_same_dtype, where
 
 _OP = "moe_experts"
 
 
-def _check(
+def check_moe_inputs(
     hidden_states: torch.Tensor,
     top_k_index: torch.Tensor,
     top_k_weights: torch.Tensor,
     gate_up_proj: torch.Tensor,
     down_proj: torch.Tensor,
-) -> None:
-    check_float(hidden_states, "hidden_states", _OP)
-    check_integer(top_k_index, "top_k_index", _OP)
-    check_float(top_k_weights, "top_k_weights", _OP)
-    check_float(gate_up_proj, "gate_up_proj", _OP)
-    check_float(down_proj, "down_proj", _OP)
-    check_ndim(hidden_states, 2, "hidden_states", _OP, "[T, H] (flatten batch and sequence first)")
-    check_ndim(top_k_index, 2, "top_k_index", _OP, "[T, K]")
-    check_ndim(top_k_weights, 2, "top_k_weights", _OP, "[T, K]")
-    check_ndim(gate_up_proj, 3, "gate_up_proj", _OP, "[E, 2I, H]")
-    check_ndim(down_proj, 3, "down_proj", _OP, "[E, H, I]")
+    *,
+    backend: str | None = None,
+    float_check: Callable[[torch.Tensor, str, str], None] | None = None,
+    integer_check: Callable[[torch.Tensor, str, str], None] | None = None,
+) -> tuple[int, int, int, int, int]:
+    """Check the ``moe_experts`` contract's inputs; return ``(T, H, E, I, K)``.
+
+    Public, for backend authors: call it first in an adapter, then check only what the
+    backend adds (expert-count limits, index ranges). Checks, in this order: dtypes
+    (``float_check`` on the four float tensors, ``integer_check`` on ``top_k_index``;
+    by default :func:`~veomni_ops.kernels.checks.check_float` and
+    :func:`~veomni_ops.kernels.checks.check_integer`, each called as ``(x, name, op)``:
+    pass your own to narrow the dtypes or to require a device type), ranks, one device,
+    one dtype for the hidden states and both weights, and the shapes ``[T, H]``,
+    ``[T, K]`` twice, ``[E, 2I, H]`` and ``[E, H, I]``. ``backend`` tags every message
+    (``"moe_experts (liger): ..."``). Shapes only: no host synchronisation.
+    """
+    if float_check is None:
+        float_check = partial(check_float, backend=backend)
+    if integer_check is None:
+        integer_check = partial(check_integer, backend=backend)
+    op = where(_OP, backend)
+    float_check(hidden_states, "hidden_states", _OP)
+    integer_check(top_k_index, "top_k_index", _OP)
+    float_check(top_k_weights, "top_k_weights", _OP)
+    float_check(gate_up_proj, "gate_up_proj", _OP)
+    float_check(down_proj, "down_proj", _OP)
+    check_ndim(hidden_states, 2, "hidden_states", _OP, "[T, H] (flatten batch and sequence first)", backend=backend)
+    check_ndim(top_k_index, 2, "top_k_index", _OP, "[T, K]", backend=backend)
+    check_ndim(top_k_weights, 2, "top_k_weights", _OP, "[T, K]", backend=backend)
+    check_ndim(gate_up_proj, 3, "gate_up_proj", _OP, "[E, 2I, H]", backend=backend)
+    check_ndim(down_proj, 3, "down_proj", _OP, "[E, H, I]", backend=backend)
     check_same_device(
         _OP,
+        backend=backend,
         hidden_states=hidden_states,
         top_k_index=top_k_index,
         top_k_weights=top_k_weights,
         gate_up_proj=gate_up_proj,
         down_proj=down_proj,
     )
-    check_same_dtype(_OP, hidden_states=hidden_states, gate_up_proj=gate_up_proj, down_proj=down_proj)
+    check_same_dtype(_OP, backend=backend, hidden_states=hidden_states, gate_up_proj=gate_up_proj, down_proj=down_proj)
     t, h = hidden_states.shape
     if top_k_index.shape != top_k_weights.shape or top_k_index.shape[0] != t:
         raise ValueError(
-            f"{_OP}: top_k_index {tuple(top_k_index.shape)} and top_k_weights {tuple(top_k_weights.shape)} "
+            f"{op}: top_k_index {tuple(top_k_index.shape)} and top_k_weights {tuple(top_k_weights.shape)} "
             f"must both be [T, K] with T = {t} tokens"
         )
     e, two_i, h_in = gate_up_proj.shape
     if h_in != h or two_i % 2:
         raise ValueError(
-            f"{_OP}: gate_up_proj {tuple(gate_up_proj.shape)} must be [E, 2I, H] with H = {h} "
+            f"{op}: gate_up_proj {tuple(gate_up_proj.shape)} must be [E, 2I, H] with H = {h} "
             "(transformers v5 layout: gate rows first, then up rows)"
         )
     if tuple(down_proj.shape) != (e, h, two_i // 2):
         raise ValueError(
-            f"{_OP}: down_proj {tuple(down_proj.shape)} must be [E, H, I] = [{e}, {h}, {two_i // 2}] "
+            f"{op}: down_proj {tuple(down_proj.shape)} must be [E, H, I] = [{e}, {h}, {two_i // 2}] "
             f"to match gate_up_proj {tuple(gate_up_proj.shape)}"
         )
+    return t, h, e, two_i // 2, top_k_index.shape[1]
 
 
 def moe_experts_eager(
@@ -84,7 +112,7 @@ def moe_experts_eager(
     down_proj: torch.Tensor,
 ) -> torch.Tensor:
     """Per-expert loop, exactly transformers' ``Qwen3MoeExperts.forward`` with SiLU."""
-    _check(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj)
+    check_moe_inputs(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj)
     num_experts = gate_up_proj.shape[0]
     final_hidden_states = torch.zeros_like(hidden_states)
     with torch.no_grad():
@@ -169,7 +197,7 @@ def moe_experts_grouped_mm(
     Routes whose index is outside ``[0, E)`` (transformers' expert-parallel sentinel is
     ``E``) contribute nothing. Output in ``hidden_states.dtype``.
     """
-    _check(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj)
+    check_moe_inputs(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj)
     _check_grouped(hidden_states, gate_up_proj)
     t, h = hidden_states.shape
     k = top_k_index.shape[1]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import check_float, check_same_device
+from .checks import check_float, check_same_device
 
 _OP = "rms_norm"
 

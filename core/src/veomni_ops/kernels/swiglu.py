@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._checks import check_float, check_same_device, check_same_dtype
+from .checks import check_float, check_same_device, check_same_dtype
 
 _OP = "swiglu"
 

@@ -22,15 +22,9 @@ from __future__ import annotations
 
 import torch
 from liger_kernel.ops.fused_moe import LigerFusedMoEFunction
+from veomni_ops.kernels.moe import check_moe_inputs
 
-from ._checks import (
-    check_index_range,
-    check_integer,
-    check_kernel_dtype,
-    check_ndim,
-    check_same_device,
-    check_same_dtype,
-)
+from ._checks import BACKEND, check_index_range, check_integer, check_kernel_dtype
 
 _OP = "moe_experts"
 #: Liger stores the expert id in 16 bits and reserves 0xFFFF.
@@ -44,44 +38,13 @@ def _check(
     gate_up_proj: torch.Tensor,
     down_proj: torch.Tensor,
 ) -> None:
-    check_kernel_dtype(hidden_states, "hidden_states", _OP)
-    check_integer(top_k_index, "top_k_index", _OP)
-    check_kernel_dtype(top_k_weights, "top_k_weights", _OP)
-    check_kernel_dtype(gate_up_proj, "gate_up_proj", _OP)
-    check_kernel_dtype(down_proj, "down_proj", _OP)
-    check_ndim(hidden_states, 2, "hidden_states", _OP, "[T, H] (flatten batch and sequence first)")
-    check_ndim(top_k_index, 2, "top_k_index", _OP, "[T, K]")
-    check_ndim(top_k_weights, 2, "top_k_weights", _OP, "[T, K]")
-    check_ndim(gate_up_proj, 3, "gate_up_proj", _OP, "[E, 2I, H]")
-    check_ndim(down_proj, 3, "down_proj", _OP, "[E, H, I]")
-    check_same_device(
-        _OP,
-        hidden_states=hidden_states,
-        top_k_index=top_k_index,
-        top_k_weights=top_k_weights,
-        gate_up_proj=gate_up_proj,
-        down_proj=down_proj,
+    # The contract's checks are the core's; Liger narrows the dtypes (no float64).
+    _, _, e, _, _ = check_moe_inputs(
+        hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj,
+        backend=BACKEND, float_check=check_kernel_dtype, integer_check=check_integer,
     )
-    check_same_dtype(_OP, hidden_states=hidden_states, gate_up_proj=gate_up_proj, down_proj=down_proj)
-    t, h = hidden_states.shape
-    if top_k_index.shape != top_k_weights.shape or top_k_index.shape[0] != t:
-        raise ValueError(
-            f"{_OP} (liger): top_k_index {tuple(top_k_index.shape)} and top_k_weights "
-            f"{tuple(top_k_weights.shape)} must both be [T, K] with T = {t} tokens"
-        )
-    e, two_i, h_in = gate_up_proj.shape
-    if h_in != h or two_i % 2:
-        raise ValueError(
-            f"{_OP} (liger): gate_up_proj {tuple(gate_up_proj.shape)} must be [E, 2I, H] with H = {h} "
-            "(transformers v5 layout: gate rows first, then up rows)"
-        )
-    if tuple(down_proj.shape) != (e, h, two_i // 2):
-        raise ValueError(
-            f"{_OP} (liger): down_proj {tuple(down_proj.shape)} must be [E, H, I] = [{e}, {h}, {two_i // 2}] "
-            f"to match gate_up_proj {tuple(gate_up_proj.shape)}"
-        )
     if e >= MAX_EXPERTS:
-        raise ValueError(f"{_OP} (liger): {e} experts; Liger's routing supports at most {MAX_EXPERTS - 1}")
+        raise ValueError(f"{_OP} ({BACKEND}): {e} experts; Liger's routing supports at most {MAX_EXPERTS - 1}")
     check_index_range(top_k_index, e, "top_k_index", _OP, f"the number of experts E = {e}")
 
 

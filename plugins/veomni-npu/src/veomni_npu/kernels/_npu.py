@@ -5,14 +5,17 @@ torch and the ``torch_npu.npu_*`` operators. It only imports where the Ascend CA
 is installed (it loads CANN's shared libraries), so a missing torch_npu or a missing CANN
 both fail here, at resolution time, with one message that says what to install.
 
-The checks look at shapes, dtypes and devices, and at the documented limits of the Ascend
-kernels, so a request the kernel cannot serve is a clear error here instead of an opaque
+The checks are the core's (:mod:`veomni_ops.kernels.checks`), tagged "(npu)", plus a
+device-type check; the adapters add the documented limits of the Ascend kernels, so a request the kernel cannot serve is a clear error here instead of an opaque
 ACL error code (or an out-of-bounds read) on the device.
 """
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
+from veomni_ops.kernels import checks
 
 INSTALL = (
     "install Ascend's PyTorch adapter built for your torch (pip install torch-npu==<your torch version>, "
@@ -36,12 +39,13 @@ __all__ = ["torch_npu"]
 TENSOR_DEVICE = "cpu" if getattr(torch_npu, "IS_STAND_IN", False) else "npu"
 
 #: dtypes the Ascend kernels used here take (none takes float64).
-KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+KERNEL_DTYPES = checks.KERNEL_DTYPES
+BACKEND = "npu"
 
 
 def check_tensor(x: object, name: str, op: str) -> torch.Tensor:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{op} (npu): {name} must be a torch.Tensor, got {type(x).__name__}")
+    """The core's :func:`~veomni_ops.kernels.checks.check_tensor`, and on the NPU."""
+    checks.check_tensor(x, name, op, backend=BACKEND)
     if x.device.type != TENSOR_DEVICE:
         raise ValueError(
             f"{op} (npu): {name} is on {x.device}; the npu kernels take tensors on an Ascend NPU "
@@ -52,36 +56,17 @@ def check_tensor(x: object, name: str, op: str) -> torch.Tensor:
 
 def check_kernel_dtype(x: object, name: str, op: str) -> None:
     check_tensor(x, name, op)
-    if x.dtype not in KERNEL_DTYPES:
-        raise TypeError(
-            f"{op} (npu): {name} has dtype {x.dtype}; the Ascend kernels take float32, bfloat16 or float16 "
-            f"(cast it, e.g. {name}.to(torch.bfloat16), or use the 'eager' kernel for float64)"
-        )
+    checks.check_kernel_dtype(x, name, op, backend=BACKEND, kernels="the Ascend kernels")
 
 
 def check_integer(x: object, name: str, op: str) -> None:
     check_tensor(x, name, op)
-    if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
-        raise TypeError(f"{op} (npu): {name} has dtype {x.dtype}; it must be an integer tensor (use {name}.long())")
+    checks.check_integer(x, name, op, backend=BACKEND)
 
 
-def check_same_device(op: str, **tensors: torch.Tensor | None) -> None:
-    devices = {name: t.device for name, t in tensors.items() if t is not None}
-    if len(set(devices.values())) > 1:
-        listing = ", ".join(f"{n} on {d}" for n, d in devices.items())
-        raise ValueError(f"{op} (npu): inputs are on different devices ({listing}); move them to one device")
-
-
-def check_same_dtype(op: str, **tensors: torch.Tensor | None) -> None:
-    dtypes = {name: t.dtype for name, t in tensors.items() if t is not None}
-    if len(set(dtypes.values())) > 1:
-        listing = ", ".join(f"{n} {d}" for n, d in dtypes.items())
-        raise TypeError(f"{op} (npu): inputs have different dtypes ({listing}); cast them to one dtype")
-
-
-def check_ndim(x: torch.Tensor, ndim: int, name: str, op: str, layout: str) -> None:
-    if x.dim() != ndim:
-        raise ValueError(f"{op} (npu): {name} must be {ndim}-D {layout}, got shape {tuple(x.shape)}")
+check_same_device = partial(checks.check_same_device, backend=BACKEND)
+check_same_dtype = partial(checks.check_same_dtype, backend=BACKEND)
+check_ndim = partial(checks.check_ndim, backend=BACKEND)
 
 
 def check_eps(eps: object, op: str) -> float:

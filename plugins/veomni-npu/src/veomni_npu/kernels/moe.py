@@ -35,8 +35,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from veomni_ops.kernels.moe import check_moe_inputs
 
-from ._npu import check_integer, check_kernel_dtype, check_ndim, check_same_device, check_same_dtype, torch_npu
+from ._npu import BACKEND, check_integer, check_kernel_dtype, torch_npu
 
 _OP = "moe_experts"
 MAX_TOP_K = 512  # npu_moe_token_permute / unpermute: topK <= 512
@@ -80,37 +81,12 @@ def _check(
     gate_up_proj: torch.Tensor,
     down_proj: torch.Tensor,
 ) -> None:
-    check_kernel_dtype(hidden_states, "hidden_states", _OP)
-    check_integer(top_k_index, "top_k_index", _OP)
-    check_kernel_dtype(top_k_weights, "top_k_weights", _OP)
-    check_kernel_dtype(gate_up_proj, "gate_up_proj", _OP)
-    check_kernel_dtype(down_proj, "down_proj", _OP)
-    check_ndim(hidden_states, 2, "hidden_states", _OP, "[T, H] (flatten batch and sequence first)")
-    check_ndim(top_k_index, 2, "top_k_index", _OP, "[T, K]")
-    check_ndim(top_k_weights, 2, "top_k_weights", _OP, "[T, K]")
-    check_ndim(gate_up_proj, 3, "gate_up_proj", _OP, "[E, 2I, H]")
-    check_ndim(down_proj, 3, "down_proj", _OP, "[E, H, I]")
-    check_same_device(_OP, hidden_states=hidden_states, top_k_index=top_k_index, top_k_weights=top_k_weights,
-                      gate_up_proj=gate_up_proj, down_proj=down_proj)
-    check_same_dtype(_OP, hidden_states=hidden_states, gate_up_proj=gate_up_proj, down_proj=down_proj)
-    t, h = hidden_states.shape
-    if top_k_index.shape != top_k_weights.shape or top_k_index.shape[0] != t:
-        raise ValueError(
-            f"{_OP} (npu): top_k_index {tuple(top_k_index.shape)} and top_k_weights {tuple(top_k_weights.shape)} "
-            f"must both be [T, K] with T = {t} tokens"
-        )
-    e, two_i, h_in = gate_up_proj.shape
-    if h_in != h or two_i % 2:
-        raise ValueError(
-            f"{_OP} (npu): gate_up_proj {tuple(gate_up_proj.shape)} must be [E, 2I, H] with H = {h} "
-            "(transformers v5 layout: gate rows first, then up rows)"
-        )
-    if tuple(down_proj.shape) != (e, h, two_i // 2):
-        raise ValueError(
-            f"{_OP} (npu): down_proj {tuple(down_proj.shape)} must be [E, H, I] = [{e}, {h}, {two_i // 2}] "
-            f"to match gate_up_proj {tuple(gate_up_proj.shape)}"
-        )
-    k = top_k_index.shape[1]
+    # The contract's checks are the core's; the NPU narrows dtypes and device type.
+    _, h, e, i, k = check_moe_inputs(
+        hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj,
+        backend=BACKEND, float_check=check_kernel_dtype, integer_check=check_integer,
+    )
+    two_i = 2 * i
     if not 1 <= k <= MAX_TOP_K:
         raise ValueError(f"{_OP} (npu): npu_moe_token_permute takes 1 to {MAX_TOP_K} routes per token, got K = {k}")
     if not 1 <= e <= MAX_EXPERTS:

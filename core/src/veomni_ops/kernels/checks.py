@@ -1,0 +1,166 @@
+"""Input checks for kernel authors: the core's kernels and every backend's adapters use them.
+
+Public API (backend authors: import these in your HEAVY ``kernels`` modules, never in
+``specs.py``, since this module imports torch). They look at shapes, dtypes and devices
+only, never at values, so they cost no device-to-host synchronisation and trace under
+``torch.compile`` -- except :func:`check_index_range`, which says so.
+
+Every error names the op and, where given, the backend, so one message tells the user
+which kernel refused what: ``op`` is the contract's op name (e.g. ``"moe_experts"``) and
+``backend`` a short tag shown after it (``backend="liger"`` -> ``"moe_experts (liger): ..."``;
+``None``, the core's own kernels -> ``"moe_experts: ..."``). Each message says what is
+wrong and how to fix it.
+
+* :func:`check_tensor` -- a ``torch.Tensor`` at all;
+* :func:`check_float` -- a float dtype among ``dtypes`` (default: float32/bfloat16/float16/float64);
+* :func:`check_kernel_dtype` -- a dtype the backend's kernels take (default: no float64),
+  pointing float64 users to the ``eager`` kernel;
+* :func:`check_integer` -- an integer tensor (indices, labels);
+* :func:`check_same_device`, :func:`check_same_dtype` -- several tensors agree;
+* :func:`check_ndim` -- the number of dimensions, naming the expected layout;
+* :func:`check_index_range` -- every index in ``[0, upper)`` (synchronises with the host).
+
+Op-level contract checks built from these live next to the op's reference kernel, e.g.
+:func:`veomni_ops.kernels.moe.check_moe_inputs`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "FLOAT_DTYPES",
+    "KERNEL_DTYPES",
+    "check_float",
+    "check_index_range",
+    "check_integer",
+    "check_kernel_dtype",
+    "check_ndim",
+    "check_same_device",
+    "check_same_dtype",
+    "check_tensor",
+    "where",
+]
+
+#: Float dtypes the contracts allow (the core's eager reference takes all of them).
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+#: What most fused kernels (Triton, vendor libraries) take: no float64.
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def where(op: str, backend: str | None = None) -> str:
+    """The prefix of every message: ``"op"`` or ``"op (backend)"``."""
+    return f"{op} ({backend})" if backend else op
+
+
+def _dtype_names(dtypes: tuple[torch.dtype, ...], last: str) -> str:
+    names = [str(d).removeprefix("torch.") for d in dtypes]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])}{last}{names[-1]}"
+
+
+def check_tensor(x: object, name: str, op: str, *, backend: str | None = None) -> torch.Tensor:
+    """``x`` is a ``torch.Tensor`` (returned, for typing)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{where(op, backend)}: {name} must be a torch.Tensor, got {type(x).__name__}")
+    return x
+
+
+def check_float(
+    x: torch.Tensor,
+    name: str,
+    op: str,
+    *,
+    backend: str | None = None,
+    dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES,
+) -> None:
+    """``x`` is a tensor whose dtype is one of ``dtypes``."""
+    check_tensor(x, name, op, backend=backend)
+    if x.dtype not in dtypes:
+        raise TypeError(
+            f"{where(op, backend)}: {name} has dtype {x.dtype}; it must be one of {_dtype_names(dtypes, ', ')} "
+            f"(cast it, e.g. {name}.to(torch.bfloat16))"
+        )
+
+
+def check_kernel_dtype(
+    x: torch.Tensor,
+    name: str,
+    op: str,
+    *,
+    backend: str | None,
+    kernels: str,
+    dtypes: tuple[torch.dtype, ...] = KERNEL_DTYPES,
+) -> None:
+    """``x`` is a tensor of a dtype that ``kernels`` (e.g. ``"Liger's kernels"``) take.
+
+    Unlike :func:`check_float` the message names whose kernels refuse and, where float64
+    is not among ``dtypes``, points to the ``eager`` kernel, which takes it.
+    """
+    check_tensor(x, name, op, backend=backend)
+    if x.dtype not in dtypes:
+        eager = ", or use the 'eager' kernel for float64" if torch.float64 not in dtypes else ""
+        raise TypeError(
+            f"{where(op, backend)}: {name} has dtype {x.dtype}; {kernels} take {_dtype_names(dtypes, ' or ')} "
+            f"(cast it, e.g. {name}.to(torch.bfloat16){eager})"
+        )
+
+
+def check_integer(x: torch.Tensor, name: str, op: str, *, backend: str | None = None) -> None:
+    """``x`` is a tensor of an integer dtype (not bool)."""
+    check_tensor(x, name, op, backend=backend)
+    if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
+        raise TypeError(
+            f"{where(op, backend)}: {name} has dtype {x.dtype}; it must be an integer tensor (use {name}.long())"
+        )
+
+
+def check_same_device(op: str, *, backend: str | None = None, **tensors: torch.Tensor | None) -> None:
+    """All given tensors (``None`` skipped) are on one device. Pass them by name."""
+    devices = {name: t.device for name, t in tensors.items() if t is not None}
+    if len(set(devices.values())) > 1:
+        listing = ", ".join(f"{n} on {d}" for n, d in devices.items())
+        raise ValueError(f"{where(op, backend)}: inputs are on different devices ({listing}); move them to one device")
+
+
+def check_same_dtype(op: str, *, backend: str | None = None, **tensors: torch.Tensor | None) -> None:
+    """All given tensors (``None`` skipped) have one dtype. Pass them by name."""
+    dtypes = {name: t.dtype for name, t in tensors.items() if t is not None}
+    if len(set(dtypes.values())) > 1:
+        listing = ", ".join(f"{n} {d}" for n, d in dtypes.items())
+        raise TypeError(f"{where(op, backend)}: inputs have different dtypes ({listing}); cast them to one dtype")
+
+
+def check_ndim(x: torch.Tensor, ndim: int, name: str, op: str, layout: str, *, backend: str | None = None) -> None:
+    """``x`` has ``ndim`` dimensions; ``layout`` (e.g. ``"[T, H]"``) says which."""
+    if x.dim() != ndim:
+        raise ValueError(f"{where(op, backend)}: {name} must be {ndim}-D {layout}, got shape {tuple(x.shape)}")
+
+
+def check_index_range(
+    x: torch.Tensor,
+    upper: int,
+    name: str,
+    op: str,
+    what: str,
+    *,
+    ignore: int | None = None,
+    backend: str | None = None,
+    consequence: str = "the kernel would read out of bounds",
+) -> None:
+    """Every entry of ``x`` (except ``ignore``) lies in ``[0, upper)``; ``what`` says what ``upper`` is.
+
+    This one reads values: it synchronises with the host, and does not suit a kernel that
+    promises none (``supports_compile=True`` with ``fullgraph``).
+    """
+    if x.numel() == 0:
+        return
+    bad = (x < 0) | (x >= upper)
+    if ignore is not None:
+        bad &= x != ignore
+    if bool(bad.any()):
+        first = x[bad][0].item()
+        extra = f" other than ignore_index={ignore}" if ignore is not None else ""
+        raise ValueError(
+            f"{where(op, backend)}: {name} holds {first}, outside [0, {upper}) ({what}); every entry{extra} must be "
+            f"in range -- {consequence}"
+        )
