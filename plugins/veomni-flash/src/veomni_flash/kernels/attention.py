@@ -261,3 +261,37 @@ def flash_attention_forward(
     if dv != d:
         out = out[..., :dv]
     return out, None
+
+
+def attention_function(backend: FlashBackend, name: str, module_name: str):
+    """The transformers attention function for one flash generation, bound to ``backend``.
+
+    ``[B, Hq, S, D]`` query, ``[B, Hk, Sk, D]`` key/value -> (``[B, S, Hq, D]``, None); see
+    :func:`flash_attention_forward` for masks, packing, windows and GQA. ``name`` and
+    ``module_name`` are what the function reports (transformers' registries show them).
+    """
+
+    def attention(
+        module: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        dropout: float = 0.0,
+        scaling: float | None = None,
+        sliding_window: int | None = None,
+        softcap: float | None = None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, None]:
+        return flash_attention_forward(
+            backend, module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+            sliding_window=sliding_window, softcap=softcap, **kwargs,
+        )
+
+    attention.__name__ = attention.__qualname__ = name
+    attention.__module__ = module_name
+    attention.__doc__ = (
+        "``[B, Hq, S, D]`` query, ``[B, Hk, Sk, D]`` key/value -> (``[B, S, Hq, D]``, None); "
+        "see veomni_flash.kernels.attention for masks, packing, windows and GQA."
+    )
+    return attention

@@ -7,42 +7,9 @@ reports. FA2 is the only generation with attention dropout (applied only while `
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
-
 from ._backend import load_flash_backend
-from .attention import flash_attention_forward
+from .attention import attention_function
 
 BACKEND = load_flash_backend(2)
 
-
-def flash_attention_2(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """``[B, Hq, S, D]`` query, ``[B, Hk, Sk, D]`` key/value -> (``[B, S, Hq, D]``, None).
-
-    See :mod:`veomni_flash.kernels.attention` for masks, packing, windows and GQA.
-    """
-    return flash_attention_forward(
-        BACKEND,
-        module,
-        query,
-        key,
-        value,
-        attention_mask,
-        dropout=dropout,
-        scaling=scaling,
-        sliding_window=sliding_window,
-        softcap=softcap,
-        **kwargs,
-    )
+flash_attention_2 = attention_function(BACKEND, "flash_attention_2", __name__)
