@@ -36,8 +36,9 @@ import inspect
 
 import torch
 from liger_kernel.ops.rope import rope_backward, rope_forward
+from veomni_ops.kernels.rotary import check_rotary_inputs
 
-from ._checks import check_kernel_dtype, check_ndim, check_same_device
+from ._checks import BACKEND, check_kernel_dtype
 
 _OP = "rotary"
 
@@ -46,31 +47,7 @@ SUPPORTS_PARTIAL = "rotary_dim" in inspect.signature(rope_forward).parameters
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> int:
-    for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
-        check_kernel_dtype(t, name, _OP)
-    check_same_device(_OP, q=q, k=k, cos=cos, sin=sin)
-    check_ndim(q, 4, "q", _OP, "[B, Hq, S, D]")
-    check_ndim(k, 4, "k", _OP, "[B, Hk, S, D]")
-    check_ndim(cos, 3, "cos", _OP, "[B, S, R] (as the model's rotary embedding returns it)")
-    if cos.shape != sin.shape:
-        raise ValueError(f"{_OP} (liger): cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must have the same shape")
-    b, _, s, d = q.shape
-    if k.shape[0] != b or k.shape[2] != s or k.shape[3] != d:
-        raise ValueError(
-            f"{_OP} (liger): k {tuple(k.shape)} must match q {tuple(q.shape)} in batch, sequence and head dim "
-            "(layout [B, H, S, D]; transpose(1, 2) a [B, S, H, D] tensor first)"
-        )
-    r = cos.shape[-1]
-    if r % 2 or r == 0 or r > d:
-        raise ValueError(
-            f"{_OP} (liger): the rotary dim R = cos.shape[-1] = {r} must be even, positive and at most the head "
-            f"dim {d}; pass the cos/sin the model's rotary embedding returns (cat(freqs, freqs))"
-        )
-    if cos.shape[0] not in (1, b) or cos.shape[1] != s:
-        raise ValueError(
-            f"{_OP} (liger): cos/sin {tuple(cos.shape)} do not fit q {tuple(q.shape)}: expected [{b} or 1, {s}, R]"
-        )
-    return r
+    return check_rotary_inputs(q, k, cos, sin, backend=BACKEND, float_check=check_kernel_dtype)
 
 
 def _private_bshd(x: torch.Tensor) -> torch.Tensor:
