@@ -100,6 +100,59 @@ def test_render_from_saved_and_plot_switch(result_file, tmp_path, capsys):
     assert "veomni-ops bench on" in out and "swiglu" in out and "mine" in out
 
 
+def _part(result_file, tmp_path, name, op, ceiling, **changes):
+    doc = json.loads(result_file.read_text())
+    doc["rows"] = [dict(r, op=op) for r in doc["rows"]]
+    doc["command"] = f"veomni-ops bench --op {op}"
+    doc["ceilings"] = dict(doc["ceilings"], copy_tbps=ceiling)
+    doc.update(changes)
+    path = tmp_path / name
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_merge_parts_of_one_run(result_file, tmp_path, capsys):
+    a = _part(result_file, tmp_path, "a.json", "swiglu", 1.0)
+    b = _part(result_file, tmp_path, "b.json", "rms_norm", 2.0, partial=True)
+    out = tmp_path / "merged.json"
+    assert B.run(bench_args(from_file=[str(a), str(b)], json=str(out), registry=None)) == 0
+    capsys.readouterr()
+    m = json.loads(out.read_text())
+    assert len(m["rows"]) == 8 and {r["part"] for r in m["rows"]} == {0, 1}
+    assert [p["command"] for p in m["parts"]] == ["veomni-ops bench --op swiglu", "veomni-ops bench --op rms_norm"]
+    assert m["partial"] is True  # one part was cut short: the merge says so
+    # each row's share of the ceiling uses the ceiling measured in its own run
+    row_a = next(r for r in m["rows"] if r["part"] == 0 and r["tbps"])
+    row_b = next(r for r in m["rows"] if r["part"] == 1 and r["tbps"] == row_a["tbps"])
+    ca, cb = B._rate(row_a, B._row_ceilings(m, row_a))[1], B._rate(row_b, B._row_ceilings(m, row_b))[1]
+    assert ca == f"{100 * row_a['tbps']:.0f}%" and cb == f"{50 * row_a['tbps']:.0f}%"
+    md = (tmp_path / "merged.md").read_text()
+    assert "Merged from 2 runs" in md and "`veomni-ops bench --op rms_norm`" in md and "cut short" in md
+    # vs_eager is recomputed within each op
+    assert all(r["vs_eager"] == 1.0 for r in m["rows"] if r["kernel"] == "eager")
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"device_name": "Other GPU"}, "differ in device"),
+    ({"versions": {"torch": "0.0"}}, "differ in library versions: "),
+    ({"timing": {"rep_ms": 1}}, "differ in timing settings"),
+])
+def test_merge_refuses_different_runs(result_file, tmp_path, capsys, change, words):
+    a = _part(result_file, tmp_path, "a.json", "swiglu", 1.0)
+    b = _part(result_file, tmp_path, "b.json", "rms_norm", 1.0, **change)
+    assert B.run(bench_args(from_file=[str(a), str(b)], registry=None)) == 2
+    err = capsys.readouterr().err
+    assert words in err and "a.json" in err and "b.json" in err
+
+
+def test_merge_refuses_a_row_measured_twice(result_file, tmp_path, capsys):
+    a = _part(result_file, tmp_path, "a.json", "swiglu", 1.0)
+    assert B.run(bench_args(from_file=[str(a), str(a)], registry=None)) == 2
+    assert "both measured" in capsys.readouterr().err
+    assert B.run(bench_args(from_file=[str(tmp_path / "missing.json")], registry=None)) == 2
+    assert "cannot read --from" in capsys.readouterr().err
+
+
 def test_backend_filter_keeps_eager_baseline():
     res = B.run_bench(presets=["cpu-small"], op="rms_norm", backend="mine", registry=registry(), warmup_ms=1,
                       rep_ms=2, progress=False, passes=("fwd",))

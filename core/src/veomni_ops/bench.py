@@ -753,6 +753,14 @@ def _fmt(x: Any, spec: str = ".3f") -> str:
     return format(x, spec)
 
 
+def _row_ceilings(result: dict[str, Any], r: dict[str, Any]) -> dict[str, Any]:
+    """The ceilings measured in the run that produced ``r`` (a merged result keeps each part's)."""
+    parts = result.get("parts")
+    if parts and r.get("part") is not None:
+        return parts[r["part"]].get("ceilings", {})
+    return result.get("ceilings", {})
+
+
 def _rate(r: dict[str, Any], ceilings: dict[str, Any]) -> tuple[str, str]:
     if r.get("tbps") is not None:
         c = ceilings.get("copy_tbps")
@@ -770,7 +778,7 @@ TABLE_HEAD = ("preset", "op", "variant", "pass", "kernel", "dtype", "wall ms", "
 def table_rows(result: dict[str, Any]) -> list[tuple[str, ...]]:
     out = []
     for r in result["rows"]:
-        rate, frac = _rate(r, result.get("ceilings", {}))
+        rate, frac = _rate(r, _row_ceilings(result, r))
         if r.get("error") and r.get("wall_ms") is None:
             rate, frac = f"error: {r['error']}"[:60], "-"
         vs = r.get("vs_eager")
@@ -812,6 +820,15 @@ def render_markdown(result: dict[str, Any]) -> str:
         "Versions: " + ", ".join(f"{k} {v}" for k, v in result.get("versions", {}).items()),
         "",
     ]
+    if result.get("parts"):
+        lines += [f"Merged from {len(result['parts'])} runs on this device (`--from` repeated); each row's "
+                  "\"of ceiling\" uses the ceilings measured in its own run:", ""]
+        for i, part in enumerate(result["parts"]):
+            pc = part.get("ceilings", {})
+            lines.append(f"{i + 1}. `{part.get('command', '')}` ({part.get('started', '')}; copy "
+                         f"{_fmt(pc.get('copy_tbps'), '.3g')} TB/s, matmul {_fmt(pc.get('matmul_tflops'), '.3g')} "
+                         f"TFLOP/s{'; cut short' if part.get('partial') else ''})")
+        lines.append("")
     by_preset: dict[str, list[dict[str, Any]]] = {}
     for r in result["rows"]:
         by_preset.setdefault(r["preset"], []).append(r)
@@ -823,7 +840,7 @@ def render_markdown(result: dict[str, Any]) -> str:
         lines.append("| " + " | ".join(head) + " |")
         lines.append("|" + "---|" * len(head))
         for r in rows:
-            rate, frac = _rate(r, c)
+            rate, frac = _rate(r, _row_ceilings(result, r))
             if r.get("error") and r.get("wall_ms") is None:
                 rate, frac = f"error: {r['error']}", "-"
             vs = r.get("vs_eager")
@@ -886,8 +903,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="write the result as JSON (and FILE.md beside it); without FILE: "
                              "benchmarks/results/<device>-<date>.json")
     parser.add_argument("--plot", metavar="FILE.png", help="write a chart (needs matplotlib)")
-    parser.add_argument("--from", dest="from_file", metavar="FILE.json",
-                        help="do not run: render a saved result (table, --plot, .md with --json)")
+    parser.add_argument("--from", dest="from_file", action="append", metavar="FILE.json",
+                        help="do not run: render a saved result (table, --plot, .md with --json); repeated: merge "
+                             "runs made on one device (a long run split by --preset/--op) into one result")
     parser.add_argument("--warmup-ms", type=float, default=50.0, help="warm-up per measurement (default 50)")
     parser.add_argument("--rep-ms", type=float, default=300.0, help="repeat time per measurement (default 300)")
     parser.add_argument("--list", action="store_true", help="list the presets and exit")
@@ -919,6 +937,63 @@ def write_results(result: dict[str, Any], path: str) -> tuple[str, str]:
     return path, md
 
 
+_ROW_KEY = ("preset", "op", "variant", "kernel", "pass", "dtype")
+
+
+def merge_results(docs: Sequence[dict[str, Any]], names: Sequence[str] | None = None) -> dict[str, Any]:
+    """One result from several runs on one device (a long benchmark split to fit a time limit).
+
+    Refuses (``ValueError`` naming the files) to merge runs from different devices, library
+    versions or timing settings, or two runs that measured the same row. Each part's command,
+    start and ceilings are kept under ``parts``; every row records its ``part``."""
+    if not docs:
+        raise ValueError("nothing to merge")
+    if len(docs) == 1:
+        return docs[0]
+    names = list(names) if names else [f"result {i + 1}" for i in range(len(docs))]
+    first = docs[0]
+    for name, d in zip(names[1:], docs[1:]):
+        for key, what in (("device_name", "device"), ("capability", "compute capability"),
+                          ("versions", "library versions"), ("timing", "timing settings")):
+            if d.get(key) != first.get(key):
+                detail = ""
+                if key == "versions":
+                    a, b = first.get(key) or {}, d.get(key) or {}
+                    diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+                    detail = ": " + ", ".join(f"{k} {a.get(k)} vs {b.get(k)}" for k in diff)
+                else:
+                    detail = f": {first.get(key)!r} vs {d.get(key)!r}"
+                raise ValueError(f"cannot merge {names[0]} and {name}: they differ in {what}{detail}. "
+                                 "Merge only runs from one machine and one installation, made with the same "
+                                 "--warmup-ms/--rep-ms")
+    rows: list[dict[str, Any]] = []
+    seen: dict[tuple, str] = {}
+    for i, (name, d) in enumerate(zip(names, docs)):
+        for r in d.get("rows", []):
+            key = tuple(str(r.get(k)) for k in _ROW_KEY) + (_shape_text(r.get("shape", {})),)
+            if key in seen:
+                raise ValueError(f"cannot merge: {name} and {seen[key]} both measured "
+                                 f"{r['preset']} {r['op']}/{r['variant']} {r['kernel']} {r['pass']}; "
+                                 "split the runs by --preset or --op so each row is measured once")
+            seen[key] = name
+            rows.append({**r, "part": i})
+    _add_speedups(rows)
+    presets: dict[str, str] = {}
+    for d in docs:
+        presets.update(d.get("presets", {}))
+    return {
+        **{k: first.get(k) for k in ("device", "device_name", "capability", "date", "started", "timing",
+                                     "formulas", "versions", "ceilings")},
+        "command": " && ".join(d.get("command", "") for d in docs),
+        "partial": any(d.get("partial") for d in docs),
+        "presets": presets,
+        "parts": [{"command": d.get("command", ""), "started": d.get("started"), "partial": bool(d.get("partial")),
+                   "ceilings": d.get("ceilings", {})} for d in docs],
+        "rows": rows,
+        "skipped": [s for d in docs for s in d.get("skipped", [])],
+    }
+
+
 def run(args: argparse.Namespace) -> int:
     if args.list:
         for name, (desc, _) in PRESETS.items():
@@ -930,8 +1005,20 @@ def run(args: argparse.Namespace) -> int:
             print(f"veomni-ops bench: {problem}", file=sys.stderr)
             return 2
     if args.from_file:
-        with open(args.from_file) as fh:
-            result = json.load(fh)
+        files = [args.from_file] if isinstance(args.from_file, str) else list(args.from_file)
+        docs = []
+        for f in files:
+            try:
+                with open(f) as fh:
+                    docs.append(json.load(fh))
+            except (OSError, ValueError) as e:
+                print(f"veomni-ops bench: cannot read --from {f}: {e}", file=sys.stderr)
+                return 2
+        try:
+            result = merge_results(docs, files)
+        except ValueError as e:
+            print(f"veomni-ops bench: {e}", file=sys.stderr)
+            return 2
     else:
         command = "veomni-ops " + " ".join(shlex.quote(a) for a in (getattr(args, "argv", None) or sys.argv[1:]))
         save = None
