@@ -136,6 +136,7 @@ def test_merge_parts_of_one_run(result_file, tmp_path, capsys):
     ({"device_name": "Other GPU"}, "differ in device"),
     ({"versions": {"torch": "0.0"}}, "differ in library versions: "),
     ({"timing": {"rep_ms": 1}}, "differ in timing settings"),
+    ({"environment": {"LIGER_FUSED_MOE_AUTOTUNE": "0"}}, "environment variables: LIGER_FUSED_MOE_AUTOTUNE None vs 0"),
 ])
 def test_merge_refuses_different_runs(result_file, tmp_path, capsys, change, words):
     a = _part(result_file, tmp_path, "a.json", "swiglu", 1.0)
@@ -151,6 +152,17 @@ def test_merge_refuses_a_row_measured_twice(result_file, tmp_path, capsys):
     assert "both measured" in capsys.readouterr().err
     assert B.run(bench_args(from_file=[str(tmp_path / "missing.json")], registry=None)) == 2
     assert "cannot read --from" in capsys.readouterr().err
+
+
+def test_environment_that_changes_kernels_is_recorded(monkeypatch):
+    monkeypatch.setenv("LIGER_FUSED_MOE_AUTOTUNE", "0")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("HOME_UNRELATED_SECRET", "x")
+    env = B.environment()
+    assert env["LIGER_FUSED_MOE_AUTOTUNE"] == "0" and env["TRITON_INTERPRET"] == "1"
+    assert "HOME_UNRELATED_SECRET" not in env
+    doc = {"device": "cpu", "device_name": "cpu", "date": "d", "rows": [], "environment": env}
+    assert "`LIGER_FUSED_MOE_AUTOTUNE=0`" in B.render_markdown(doc)
 
 
 def test_backend_filter_keeps_eager_baseline():

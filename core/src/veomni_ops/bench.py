@@ -447,6 +447,16 @@ def versions(registry: Any = None) -> dict[str, str]:
     return out
 
 
+ENV_PREFIXES = ("VEOMNI_OPS_", "LIGER_", "TRITON_", "CUTE_", "QUACK_", "FLASH_", "CUDA_VISIBLE_DEVICES",
+                "PYTORCH_CUDA_ALLOC_CONF", "TORCHINDUCTOR_")
+
+
+def environment() -> dict[str, str]:
+    """Environment variables that change which kernel runs or how it is tuned (for example
+    ``LIGER_FUSED_MOE_AUTOTUNE=0``): recorded with every result, since they change numbers."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
+
+
 def device_slug(name: str, kind: str) -> str:
     """A short file-name-safe device name: ``h100-sxm``, ``h100-pcie``, ``a100-sxm4-80gb``, ``cpu``."""
     if kind == "cpu":
@@ -578,6 +588,7 @@ def run_bench(
     timer = Timer(device, warmup_ms=warmup_ms, rep_ms=rep_ms)
     started = _dt.datetime.now()
     ceilings = measure_ceilings(device, timer)
+    env = environment()
     plan = [(w, _kernels_for(reg, w, dev_info, backend)) for w in wls]
     total = sum(len([k for k in ks if k[1] is not None]) * len(passes) for _, ks in plan)
     bar = _Progress(total, enabled=progress)
@@ -604,6 +615,7 @@ def run_bench(
                        else None},
             "formulas": {k: v[0] for k, v in FORMULAS.items()},
             "versions": versions(reg),
+            "environment": env,
             "rows": done,
             "skipped": list(skipped),
         }
@@ -820,6 +832,8 @@ def render_markdown(result: dict[str, Any]) -> str:
         "Versions: " + ", ".join(f"{k} {v}" for k, v in result.get("versions", {}).items()),
         "",
     ]
+    if result.get("environment"):
+        lines += ["Environment: " + ", ".join(f"`{k}={v}`" for k, v in result["environment"].items()), ""]
     if result.get("parts"):
         lines += [f"Merged from {len(result['parts'])} runs on this device (`--from` repeated); each row's "
                   "\"of ceiling\" uses the ceilings measured in its own run:", ""]
@@ -954,10 +968,11 @@ def merge_results(docs: Sequence[dict[str, Any]], names: Sequence[str] | None = 
     first = docs[0]
     for name, d in zip(names[1:], docs[1:]):
         for key, what in (("device_name", "device"), ("capability", "compute capability"),
-                          ("versions", "library versions"), ("timing", "timing settings")):
+                          ("versions", "library versions"), ("timing", "timing settings"),
+                          ("environment", "environment variables")):
             if d.get(key) != first.get(key):
                 detail = ""
-                if key == "versions":
+                if key in ("versions", "environment"):
                     a, b = first.get(key) or {}, d.get(key) or {}
                     diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
                     detail = ": " + ", ".join(f"{k} {a.get(k)} vs {b.get(k)}" for k in diff)
@@ -983,7 +998,7 @@ def merge_results(docs: Sequence[dict[str, Any]], names: Sequence[str] | None = 
         presets.update(d.get("presets", {}))
     return {
         **{k: first.get(k) for k in ("device", "device_name", "capability", "date", "started", "timing",
-                                     "formulas", "versions", "ceilings")},
+                                     "formulas", "versions", "environment", "ceilings")},
         "command": " && ".join(d.get("command", "") for d in docs),
         "partial": any(d.get("partial") for d in docs),
         "presets": presets,
