@@ -179,8 +179,13 @@ def _ref_flce(hidden, weight, labels, bias=None):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
-def test_fused_linear_forward_backward_against_float64(device, dtype, with_bias):
-    # V = 40 > H = 16 makes Liger split the 19 tokens into 3 chunks (the last one short).
+@pytest.mark.parametrize("chunks", ["one-chunk", "liger-default-chunks"])
+def test_fused_linear_forward_backward_against_float64(device, dtype, with_bias, chunks, monkeypatch):
+    # With the adapter's budget the 19 tokens fit one chunk; with a 1-byte budget the adapter
+    # falls back to Liger's own rule, where V = 40 > H = 16 splits them into 3 chunks (the
+    # last one short) and the weight gradient is accumulated across chunks.
+    if chunks == "liger-default-chunks":
+        monkeypatch.setattr(ce, "CHUNK_LOGITS_BUDGET_BYTES", 1)
     n, hdim, vocab = 19, 16, 40
     hidden = torch.randn(n, hdim, device=device).to(dtype)
     weight = (torch.randn(vocab, hdim, device=device) / 2).to(dtype)
@@ -253,7 +258,7 @@ def test_fused_linear_asks_liger_only_for_needed_work(device, monkeypatch):
 
     def spy(**kw):
         seen.append({"h": kw["_input"].requires_grad, "w": kw["weight"].requires_grad,
-                     "reduction": kw["reduction"], "accum": kw["accum_dtype"]})
+                     "reduction": kw["reduction"], "accum": kw["accum_dtype"], "c": kw["chunk_mem_const"]})
         return real(**kw)
 
     monkeypatch.setattr(ce, "fused_linear_cross_entropy_forward", spy)
@@ -263,8 +268,29 @@ def test_fused_linear_asks_liger_only_for_needed_work(device, monkeypatch):
     with torch.no_grad():
         ce.fused_linear_cross_entropy_sum(h, w, labels)
     ce.fused_linear_cross_entropy_sum(h.bfloat16(), w.bfloat16(), labels)
-    assert seen[0] == {"h": False, "w": False, "reduction": "sum", "accum": None}
-    assert seen[1] == {"h": True, "w": True, "reduction": "sum", "accum": torch.float32}
+    assert seen[0] == {"h": False, "w": False, "reduction": "sum", "accum": None, "c": 2}
+    assert seen[1] == {"h": True, "w": True, "reduction": "sum", "accum": torch.float32, "c": 2}
+
+
+def _liger_chunk_tokens(n, hdim, vocab, c):
+    # Liger 0.8.5's rule (liger_kernel/ops/fused_linear_cross_entropy.py)
+    inc = -(-vocab // (c * hdim))
+    return min(1 << (-(-n // inc) - 1).bit_length(), n)
+
+
+@pytest.mark.parametrize("n", [1, 19, 4096, 8192, 16384, 32768, 100_000])
+def test_fused_linear_chunk_size_stays_within_the_budget(n):
+    hdim, vocab, budget = 2560, 151936, ce.CHUNK_LOGITS_BUDGET_BYTES
+    c = ce._chunk_mem_const(n, hdim, vocab, 2, budget)
+    tokens = _liger_chunk_tokens(n, hdim, vocab, c)
+    default = _liger_chunk_tokens(n, hdim, vocab, 1)
+    assert tokens * vocab * 2 <= budget or c == 1
+    # as large as the budget allows: one more step would either exceed it or change nothing
+    assert tokens == n or _liger_chunk_tokens(n, hdim, vocab, c + 1) * vocab * 2 > budget
+    if n >= 2048:
+        assert tokens == 2048 and default <= tokens  # 8192 tokens on the H100: 4 chunks of 2048, not 32 of 256
+    if n == 8192:
+        assert default == 256
 
 
 def test_fused_linear_second_backward_raises(device):
