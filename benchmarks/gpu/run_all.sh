@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The whole GPU pass of veomni-ops in stages that each fit a 10-minute job. Run from the repo
+# root on a CUDA machine after `source benchmarks/gpu/setup.sh` (FA4 and Quack need the joined
+# cutlass cu13 wheel, see that script). Results go to $RESULTS (default ./gpu-results).
+#
+#   benchmarks/gpu/run_all.sh check     veomni-ops plugins; veomni-ops check per distribution
+#                                       (in parallel: correctness only, no timing), plus the
+#                                       quack and triton MoE/LBL plugin scripts
+#   benchmarks/gpu/run_all.sh bench-a   veomni-ops bench: seed, lbl-48, attn   (one at a time)
+#   benchmarks/gpu/run_all.sh bench-b   veomni-ops bench: moe-30b-a3b, flce-8k/16k/32k
+#
+# then, anywhere: veomni-ops bench --from bench-a.json --from bench-b.json --json <device>-<date>.json
+#
+# Liger's MoE autotuner runs for minutes per shape; it is switched off (LIGER_FUSED_MOE_AUTOTUNE=0,
+# recorded in each result's "environment"), so Liger's MoE runs its default tile config.
+set -uo pipefail
+stage=${1:?usage: run_all.sh check|bench-a|bench-b}
+R=${RESULTS:-gpu-results}
+mkdir -p "$R"
+export LIGER_FUSED_MOE_AUTOTUNE=0 PYTHONUNBUFFERED=1
+T=${STAGE_TIMEOUT:-500}
+BENCH=(--rep-ms 100 --warmup-ms 25 --quiet)
+
+case $stage in
+check)
+  veomni-ops plugins >"$R/plugins.txt" 2>&1
+  pids=()
+  for d in veomni-ops veomni-triton veomni-liger veomni-quack veomni-flash; do
+    (timeout "$T" veomni-ops check --backend "$d" --seed 20261121 --json >"$R/check-$d.json" 2>"$R/check-$d.log"
+     echo "$d exit $?" >>"$R/check-exit.txt") &
+    pids+=($!)
+  done
+  (timeout "$T" python plugins/veomni-quack/gpu/check_quack.py --json "$R/quack_check.json" \
+     >"$R/quack_check.log" 2>&1; echo "check_quack.py exit $?" >>"$R/check-exit.txt") &
+  (timeout "$T" python plugins/veomni-triton/gpu/check_moe_lbl.py --json "$R/triton_check_moe_lbl.json" \
+     >"$R/triton_check_moe_lbl.log" 2>&1; echo "check_moe_lbl.py exit $?" >>"$R/check-exit.txt") &
+  wait
+  cat "$R/check-exit.txt"
+  ;;
+bench-a)
+  timeout "$T" veomni-ops bench --preset seed --preset lbl-48 --preset attn "${BENCH[@]}" \
+    --json "$R/bench-a.json" 2>&1 | tee "$R/bench-a.log"
+  ;;
+bench-b)
+  timeout "$T" veomni-ops bench --preset moe-30b-a3b --preset flce-8k --preset flce-16k --preset flce-32k \
+    "${BENCH[@]}" --json "$R/bench-b.json" 2>&1 | tee "$R/bench-b.log"
+  ;;
+*)
+  echo "unknown stage $stage (check, bench-a, bench-b)" >&2
+  exit 2
+  ;;
+esac
