@@ -253,3 +253,82 @@ def test_writing_into_inputs_is_reported_not_failed(capsys):
     out = capsys.readouterr().out
     assert rc == 0  # values and gradients are right: the reference saw a copy
     assert "swiglu/standard writer [float32] note: writes into its input(s) gate (in place)" in out
+
+
+# --- low precision: the output dtype's spacing, and eager in the same dtype as the baseline ---
+def test_compare_allows_rounding_to_the_output_dtype():
+    tol = Tolerance(1e-4, 1e-3)
+    # values far below float16's smallest normal (6.1e-5): rounding alone moves them by up to
+    # 3e-8, far more than atol * unit scale; one float16 spacing (2**-24) is allowed for that
+    ref = torch.linspace(1e-7, 5e-7, 64, dtype=torch.float64)
+    c = compare("x", ref.to(torch.float16), ref, tol)
+    assert c.ratio <= 1.0
+    assert compare("x", ref.to(torch.float16) * 1.5, ref, tol).ratio > 1.0  # a real error still fails
+    # float32 spacing at these values is negligible: the same data in float32 is held to the tolerance
+    assert compare("x", (ref * 1.01).to(torch.float32), ref, tol).ratio > 1.0
+
+
+def _eager_like(gate, up):
+    return F.silu(gate) * up  # what eager computes, in the inputs' dtype
+
+
+class _FourTimesEagerError(torch.autograd.Function):
+    """Forward with four times eager's rounding error (eager + 3 * (eager - exact))."""
+
+    @staticmethod
+    def forward(ctx, gate, up):
+        e = (F.silu(gate.double()) * up.double())
+        lowp = (F.silu(gate) * up).double()
+        ctx.save_for_backward(gate, up)
+        return (lowp + 3 * (lowp - e)).to(gate.dtype)
+
+    @staticmethod
+    def backward(ctx, dout):
+        gate, up = ctx.saved_tensors
+        with torch.enable_grad():
+            g, u = gate.detach().requires_grad_(), up.detach().requires_grad_()
+            return torch.autograd.grad(F.silu(g) * u, (g, u), dout)
+
+
+def _four_times(gate, up):
+    return _FourTimesEagerError.apply(gate, up)
+
+
+TIGHT = {"bfloat16": Tolerance(1e-6, 1e-6)}  # far tighter than bfloat16 can meet
+LOWP = make_plugin("lowp", swiglu=[
+    _sw("like_eager", _eager_like, dtypes=("bfloat16",), tolerances=TIGHT),
+    _sw("four_times", _four_times, dtypes=("bfloat16",), tolerances=TIGHT),
+])
+
+
+@pytest.fixture
+def no_ulp(monkeypatch):
+    # Without the output dtype's spacing, bfloat16 rounding alone is far outside TIGHT: the
+    # tolerance fails every kernel, eager included, so the baseline decides.
+    from veomni_ops.testing import runner
+
+    monkeypatch.setattr(runner, "ulp", lambda b, dtype: torch.zeros_like(b))
+
+
+def test_error_no_worse_than_eager_in_the_dtype_passes_with_a_note(capsys, no_ulp):
+    rc = check.run(args(registry=reference_registry(("lowp", LOWP)), backend="like_eager", op="swiglu"))
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "within 2x the error of eager in bfloat16" in out
+
+
+def test_error_well_beyond_eager_in_the_dtype_fails_and_names_both(capsys, no_ulp):
+    rc = check.run(args(registry=reference_registry(("lowp", LOWP)), backend="four_times", op="swiglu"))
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "eager in bfloat16:" in out and "outside tolerance (atol=1e-06, rtol=1e-06 for bfloat16)" in out
+
+
+def test_the_eager_kernel_itself_is_held_to_its_tolerance(no_ulp):
+    # the baseline would be the kernel itself: it is not consulted
+    tight = make_plugin("tight", swiglu=[
+        KernelSpec(name="tight_eager", op="swiglu", variant="standard", dtypes=("bfloat16",), tolerances=TIGHT,
+                   factory="veomni_ops.kernels.swiglu:silu_mul")])
+    rep = run_checks(reference_registry(("tight", tight)), backend="tight_eager", device="cpu", seed=3)
+    [k] = rep.kernels
+    assert k.status == "fail" and all(r.baseline is None for r in k.results)

@@ -9,11 +9,21 @@ For one kernel, dtype and :class:`~veomni_ops.testing.cases.Case`:
    differentiable input, for one random cotangent (the same values on both sides);
 4. the case passes when every compared tensor satisfies the spec's tolerance for the dtype
    (:meth:`KernelSpec.tolerance`), and the output dtypes and shapes are the contract's.
+5. A tensor outside the tolerance still passes when PyTorch's own computation in the same
+   dtype does no better: the core's eager kernel is then run on the same low-precision
+   inputs (same values, same cotangent) and compared with float64 the same way; a kernel
+   error of at most :data:`BASELINE_FACTOR` times eager's is accepted and reported as such
+   (``eager in bfloat16: 1.8``). Rounding intermediates to bf16/fp16 (every kernel must) makes
+   the error of a sum over thousands of terms grow with its length, which no fixed tolerance
+   catches without also passing real bugs at small shapes. The core's eager kernel itself,
+   and float64, are judged by the tolerance alone.
 
-The error reported is the worst ratio ``|a - b| / (atol * s + rtol * |b|)`` over all
+The error reported is the worst ratio ``|a - b| / (atol * s + rtol * |b| + ulp(b))`` over all
 elements of all compared tensors (a pass is ``<= 1``), where ``a`` is the kernel's value,
-``b`` the float64 reference and ``s`` the tensor's *unit scale*: its RMS rounded to a power
-of two (1 for scalars and all-zero tensors). Comparing at unit scale is what running the
+``b`` the float64 reference, ``ulp(b)`` the spacing of the kernel's output dtype at ``b``
+(no kernel can be closer than rounding to its dtype: it matters where values are subnormal,
+e.g. float16 gradients below 6e-5) and ``s`` the tensor's *unit scale*: its RMS rounded to a
+power of two (1 for scalars and all-zero tensors). Comparing at unit scale is what running the
 backward with a cotangent that makes that gradient unit-sized would give (scaling by a power
 of two is exact in floating point); without it a weight gradient summed over thousands of
 rows would face the same absolute tolerance as an elementwise output of order one, and a
@@ -82,14 +92,28 @@ def default_size(device: torch.device) -> str:
 
 
 # --------------------------------------------------------------------------- comparison
+#: A kernel error up to this many times that of the core's eager kernel run in the same dtype
+#: passes (step 5 of the module docstring).
+BASELINE_FACTOR = 2.0
+
+
 @dataclass(frozen=True)
 class Comparison:
-    """One compared tensor: ``ratio`` is the worst error in tolerance units (pass <= 1)."""
+    """One compared tensor: ``ratio`` is the worst error in tolerance units (pass <= 1);
+    ``baseline`` the same measure for the core's eager kernel in the same dtype, when it was
+    needed (``ratio > 1``)."""
 
     name: str
     ratio: float
     max_abs: float
     scale: float
+    baseline: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        if self.ratio <= 1.0:
+            return True
+        return self.baseline is not None and self.ratio <= BASELINE_FACTOR * self.baseline
 
 
 #: A float64 reference whose RMS is below this is zero up to rounding (e.g. a gradient that
@@ -110,6 +134,15 @@ def unit_scale(ref: torch.Tensor) -> float:
     return 2.0 ** round(math.log2(rms))
 
 
+def ulp(b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The spacing of ``dtype``'s representable numbers at ``|b|`` (float64 tensor): ``eps * |b|``
+    for normal numbers, the subnormal spacing below them."""
+    if not dtype.is_floating_point or dtype == torch.float64:
+        return torch.zeros_like(b)
+    fi = torch.finfo(dtype)
+    return torch.clamp(b.abs(), min=fi.smallest_normal) * fi.eps
+
+
 def compare(name: str, got: torch.Tensor, ref: torch.Tensor, tol: Tolerance,
             mask: torch.Tensor | None = None) -> Comparison:
     """Worst ``|a - b| / (atol * s + rtol * |b|)`` of ``got`` against the float64 ``ref``."""
@@ -122,7 +155,7 @@ def compare(name: str, got: torch.Tensor, ref: torch.Tensor, tol: Tolerance,
         return Comparison(name, 0.0, 0.0, 1.0)
     s = unit_scale(b)
     diff = (a - b).abs()
-    denom = tol.atol * s + tol.rtol * b.abs()
+    denom = tol.atol * s + tol.rtol * b.abs() + ulp(b, got.dtype)
     ratio = torch.where(diff == 0, torch.zeros_like(diff), diff / denom)
     # Non-finite values: equal infinities / both NaN agree, anything else is an infinite error.
     fin_a, fin_b = torch.isfinite(a), torch.isfinite(b)
@@ -150,6 +183,7 @@ class CaseResult:
     seconds: float = 0.0
     comparisons: list[Comparison] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    baseline: float | None = None  # eager-in-dtype error of the worst tensor, when it was needed
 
     @property
     def ok(self) -> bool:
@@ -159,6 +193,8 @@ class CaseResult:
         head = f"{self.case} [{self.dtype}]: {self.status}"
         if self.worst is not None:
             head += f", worst error {_fmt_ratio(self.worst)} in {self.worst_in} (max |a-b| {self.max_abs:.3g})"
+            if self.baseline is not None:
+                head += f", eager in {self.dtype}: {_fmt_ratio(self.baseline)}"
         if self.message:
             head += f" - {self.message}"
         if self.notes:
@@ -172,11 +208,13 @@ class CaseResult:
             "status": self.status,
             "worst": _json_float(self.worst),
             "worst_in": self.worst_in,
+            "eager_in_dtype": _json_float(self.baseline),
             "max_abs": _json_float(self.max_abs),
             "message": self.message,
             "notes": self.notes,
             "seconds": round(self.seconds, 4),
-            "tensors": {c.name: {"ratio": _json_float(c.ratio), "max_abs": _json_float(c.max_abs), "scale": c.scale}
+            "tensors": {c.name: {"ratio": _json_float(c.ratio), "max_abs": _json_float(c.max_abs), "scale": c.scale,
+                                 **({"eager_in_dtype": _json_float(c.baseline)} if c.baseline is not None else {})}
                         for c in self.comparisons},
         }
 
@@ -327,8 +365,9 @@ def check_case(
     for name, out, ref, m in zip(h.out_names, outs, ref_outs, masks):
         res.comparisons.append(compare(name, out, ref, tol, m))
 
+    ref_grads: list[torch.Tensor] = []
     if want_grad and leaves:
-        grads_ok = _compare_grads(res, outs, ref_outs, masks, leaves, ref_leaves, tol, seed)
+        grads_ok = _compare_grads(res, outs, ref_outs, masks, leaves, ref_leaves, tol, seed, ref_grads)
         if not grads_ok:
             return _done(res, t0)
     written = _written(inputs, before)
@@ -337,14 +376,59 @@ def check_case(
         # but a caller that reads the tensor afterwards gets other values: report it.
         res.notes.append(f"writes into its input(s) {', '.join(written)} (in place)")
 
+    reference = h.reference_fn(variant)
+    if any(not c.ok for c in res.comparisons) and tdtype != torch.float64 and fn is not reference:
+        try:
+            base = _baseline_ratios(h, reference, case, tdtype, device, seed, ref_outs, masks, ref_grads, tol,
+                                    want_grad and bool(leaves))
+        except Exception as e:  # the baseline is context; its failure must not hide the kernel's result
+            res.notes.append(f"eager in {dtype} could not be run for comparison: {_short(e, 200)}")
+            base = {}
+        res.comparisons = [Comparison(c.name, c.ratio, c.max_abs, c.scale, base.get(c.name)) if c.ratio > 1 else c
+                           for c in res.comparisons]
+
     worst = max(res.comparisons, key=lambda c: c.ratio)
     res.worst, res.worst_in, res.max_abs = worst.ratio, worst.name, worst.max_abs
-    if not worst.ratio <= 1.0:
-        bad = [c.name for c in res.comparisons if not c.ratio <= 1.0]
+    res.baseline = worst.baseline
+    if any(not c.ok for c in res.comparisons):
+        bad = [_bad_text(c, dtype) for c in res.comparisons if not c.ok]
         res.status = FAIL
         res.message = (f"outside tolerance (atol={tol.atol:g}, rtol={tol.rtol:g} for {dtype}) in: {', '.join(bad)}"
                        + (f"; {res.message}" if res.message else ""))
+    else:
+        eased = [c for c in res.comparisons if c.ratio > 1]
+        if eased:
+            res.notes.append(
+                f"outside the {dtype} tolerance but within {BASELINE_FACTOR:g}x the error of eager in {dtype}: "
+                + ", ".join(f"{c.name} {_fmt_ratio(c.ratio)} (eager {_fmt_ratio(c.baseline)})" for c in eased))
     return _done(res, t0)
+
+
+def _bad_text(c: Comparison, dtype: str) -> str:
+    if c.baseline is None:
+        return c.name
+    return f"{c.name} ({_fmt_ratio(c.ratio)}; eager in {dtype}: {_fmt_ratio(c.baseline)})"
+
+
+def _baseline_ratios(h, reference, case, tdtype, device, seed, ref_outs, masks, ref_grads, tol, want_grad):
+    """Errors of the core's eager kernel run in the case's dtype (same inputs, rebuilt from the
+    seed, same cotangent), in the same units as the kernel's: ``{tensor name: ratio}``."""
+    inputs = case.build(Builder(seed, tdtype, device))
+    leaves = _leaves(inputs, case.diff) if want_grad else []
+    with torch.set_grad_enabled(want_grad):
+        outs = h.call(reference, inputs, True)
+    out = {}
+    for name, o, r, m in zip(h.out_names, outs, ref_outs, masks):
+        out[name] = compare(name, o, r, tol, m).ratio
+    if want_grad and leaves and ref_grads:
+        cots = _cotangents(ref_outs, masks, seed + 7919)
+        pairs = [(o, c.to(o.dtype)) for o, c in zip(outs, cots) if o.requires_grad]
+        got = torch.autograd.grad([o for o, _ in pairs], [t for _, t in leaves], [c for _, c in pairs],
+                                  allow_unused=True)
+        for (name, leaf), g, w in zip(leaves, got, ref_grads):
+            g = torch.zeros_like(leaf) if g is None else g
+            out[f"grad {name}"] = compare(f"grad {name}", g, w, tol).ratio
+    return out
 
 
 def _done(res: CaseResult, t0: float) -> CaseResult:
@@ -369,7 +453,7 @@ def _check_outputs(h: OpHarness, outs: Any, ref_outs: Sequence[torch.Tensor], dt
     return problems
 
 
-def _compare_grads(res, outs, ref_outs, masks, leaves, ref_leaves, tol, seed) -> bool:
+def _compare_grads(res, outs, ref_outs, masks, leaves, ref_leaves, tol, seed, ref_grads=None) -> bool:
     cots = _cotangents(ref_outs, masks, seed + 7919)
     pairs = [(o, c) for o, c in zip(outs, cots) if o.requires_grad]
     if not pairs:
@@ -388,6 +472,8 @@ def _compare_grads(res, outs, ref_outs, masks, leaves, ref_leaves, tol, seed) ->
                                [kc.to(r.dtype) for r, kc in zip(ref_pairs, kcots)], allow_unused=True)
     for (name, leaf), g, w in zip(leaves, got, want):
         w = torch.zeros_like(leaf, dtype=torch.float64) if w is None else w
+        if ref_grads is not None:
+            ref_grads.append(w)
         if g is None:
             if bool((w != 0).any()):
                 res.comparisons.append(Comparison(f"grad {name}", math.inf, math.inf, 1.0))
@@ -542,6 +628,8 @@ class CheckReport:
                 scored = [r for r in results if r.worst is not None]
                 worst = max(scored, key=lambda r: r.worst) if scored else None
                 wtxt = f"{_fmt_ratio(worst.worst)} ({worst.worst_in}, {worst.case})" if worst else "-"
+                if worst is not None and worst.baseline is not None:
+                    wtxt += f"; eager {_fmt_ratio(worst.baseline)}"
                 cases = f"{passed}/{len(results)}" + (f" ({unsup} unsupported)" if unsup else "")
                 rows.append((k.op, k.variant, k.kernel, src, dtype, cases, wtxt, "FAIL" if bad else "pass"))
                 for r in bad:
