@@ -26,16 +26,23 @@ bounds; they are refused here (one host synchronisation per call).
    100352, but not 128256 or 262144), that warp computes ``exp(-inf - -inf) = NaN`` and the
    cluster reduction spreads it to every row's lse, loss and gradient.
 
-When either applies, the logits are padded (``F.pad``, differentiable: the gradient is a
-view of Quack's padded gradient) to the smallest multiple of 8, ``V'``, whose tiling gives
-every warp at least one column of the padded tensor. The pad value is a large *finite*
-negative number (``-1e30``; ``-65504`` in float16) so that a warp holding only padding
-reduces to a finite max, and its columns add ``exp(pad - lse) = 0`` to the sum and the
-gradient. (For float16 this is exact unless a row's largest logit is below about -65400.)
-The cost is one copy of the logits (and a padded gradient): about 2 x N x V' x element size
-more memory traffic, only for the affected vocabularies. The tiling is computed from
-Quack 0.6.5's source (``CrossEntropy._set_cluster_n``, ``_threads_per_row``,
-``ReductionBase._get_tiled_copy``) and the GPU's compute capability.
+For (1) the logits are padded (``F.pad``, differentiable: the gradient is a view of Quack's
+padded gradient) to the next multiple of 8 with a large *finite* negative number (``-1e30``;
+``-65504`` in float16), whose columns add ``exp(pad - lse) = 0`` to the sum and the gradient
+(verified on an H100: V = 50257 in bf16 and fp16 passes ``veomni-ops check``). The cost is one
+copy of the logits and a padded gradient.
+
+For (2) the adapter **refuses** (``ValueError`` naming the vocabulary and the alternatives).
+An earlier version padded these vocabularies to a width whose tiling has no empty warp
+(151936 -> 155400); on the H100 the loss was still not finite (``veomni-ops check``,
+2026-11-21), so the padding does not avoid the bug and is not offered. The tiling is
+computed from Quack 0.6.5's source (``CrossEntropy._set_cluster_n``, ``_threads_per_row``,
+``ReductionBase._get_tiled_copy``) and the GPU's compute capability; vocabularies it predicts
+safe (32000, 50304, 128256, 262144, ...) pass on the H100.
+
+Rows with a stride other than V (a slice of a wider buffer) are copied: Quack's backward
+allocates a contiguous dX and its compiled kernel requires dX's row stride to equal X's
+("Mismatched mdX.strides[0]", seen on the H100).
 """
 
 from __future__ import annotations
@@ -78,12 +85,14 @@ def cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor, *, ignore_inde
         return logits.sum(dtype=torch.float32) * 0.0
     check_label_range(labels, vocab, ignore_index, _OP)
     bits = logits.element_size() * 8
-    padded = padded_vocab(vocab, bits, arch_major(logits.device))
+    padded = padded_vocab(vocab, bits, arch_major(logits.device), logits.dtype)
     if padded != vocab:
         # F.pad writes a fresh contiguous tensor: no layout fix needed after it.
         x = F.pad(logits, (0, padded - vocab), value=_PAD_VALUE[logits.dtype])
     else:
         x = to_layout(logits, layout_div(vocab, logits))
+        if x.stride(0) != vocab and n > 1:
+            x = x.contiguous()  # dX is allocated contiguous and must match X's row stride
     return _quack_cross_entropy(x, labels, ignore_index=ignore_index, reduction="sum")
 
 
@@ -133,13 +142,18 @@ def has_empty_warp(vocab: int, bits: int, major: int) -> bool:
     return any(c * tile + g * group * vec >= vocab for c in range(cluster) for g in range(tpr // group))
 
 
-def padded_vocab(vocab: int, bits: int, major: int) -> int:
-    """``vocab`` if Quack handles it as is, else the padded width to use (module docstring)."""
+def padded_vocab(vocab: int, bits: int, major: int, dtype: torch.dtype | None = None) -> int:
+    """``vocab`` if Quack handles it as is, the next multiple of 8 for odd 16-bit widths;
+    raises ``ValueError`` where the forward tiling leaves a warp without columns (module
+    docstring, limit 2)."""
     copies_ok = math.gcd(vocab, 128 // bits) * bits >= 32
-    if copies_ok and not has_empty_warp(vocab, bits, major):
-        return vocab
-    v = -(-vocab // 8) * 8
-    # Terminates within one tile: a width that fills every CTA's tile has no empty warp.
-    while has_empty_warp(v, bits, major):
-        v += 8
-    return v
+    width = vocab if copies_ok else -(-vocab // 8) * 8
+    if has_empty_warp(width, bits, major):
+        what = str(dtype).removeprefix("torch.") if dtype is not None else f"{bits}-bit"
+        raise ValueError(
+            f"{_OP} (quack): vocabulary size V = {vocab} with {what} logits on sm {major}.x falls on a Quack 0.6.5 "
+            "tiling that leaves a warp without columns, and its loss is not finite (seen on an H100 at V = 151936 "
+            "and 100352; padding the vocabulary did not help). Choose another cross_entropy kernel for this model "
+            "(cross_entropy: liger, or eager), or a vocabulary Quack tiles fully (e.g. padded to 262144)"
+        )
+    return width
