@@ -38,11 +38,16 @@ _NORM = {
     "bfloat16": Tolerance(3e-2, 2e-2),
     "float16": Tolerance(4e-3, 3e-3),
 }
+# Matmul-shaped ops (experts, attention): sums over thousands of bf16/fp16-rounded terms. The
+# bf16/fp16 values are what PyTorch's own computation in the dtype needs at the conformance
+# kit's full shapes: on an H100 (`veomni-ops check --backend veomni-ops`, 2026-11-21) eager
+# attention reached 0.091 (bf16) and 0.0103 (fp16) at unit scale, the eager expert loop 0.066
+# (bf16); the earlier 0.05 / 0.01 failed PyTorch itself.
 _MATMUL = {
     "float64": Tolerance(1e-10, 1e-8),
     "float32": Tolerance(1e-4, 1e-4),
-    "bfloat16": Tolerance(5e-2, 5e-2),
-    "float16": Tolerance(1e-2, 1e-2),
+    "bfloat16": Tolerance(1.2e-1, 1.2e-1),
+    "float16": Tolerance(2e-2, 2e-2),
 }
 _LOSS = {
     "float64": Tolerance(1e-10, 1e-9),

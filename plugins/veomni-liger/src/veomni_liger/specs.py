@@ -75,12 +75,14 @@ _FLCE_TOL: Mapping[str, Tolerance] = {
     "bfloat16": Tolerance(2e-2, 2e-2),
     "float16": Tolerance(5e-3, 5e-3),
 }
-# tl.dot on float32 inputs uses TF32 (10-bit mantissa) on NVIDIA GPUs; dS is accumulated
-# with atomic_add in the activation dtype.
+# tl.dot on float32 inputs uses TF32 (10-bit mantissa) on NVIDIA GPUs (Liger's MoE kernels pass
+# no input_precision, so Triton's default applies); dS is accumulated with atomic_add in the
+# activation dtype. Measured on an H100 (`veomni-ops check --backend veomni-liger`, 2026-11-21):
+# float32 expert-weight gradients 0.009 at unit scale (eager float32: 0.00001), so 5e-3 failed.
 _MOE_TOL: Mapping[str, Tolerance] = {
-    "float32": Tolerance(5e-3, 5e-3),
+    "float32": Tolerance(1.5e-2, 1.5e-2),
     "bfloat16": Tolerance(3e-2, 3e-2),
-    "float16": Tolerance(5e-3, 5e-3),
+    "float16": Tolerance(1.5e-2, 1.5e-2),  # float16 and TF32 both keep 10 mantissa bits (H100: 0.0078)
 }
 
 
