@@ -421,11 +421,8 @@ def _baseline_ratios(h, reference, case, tdtype, device, seed, ref_outs, masks, 
     for name, o, r, m in zip(h.out_names, outs, ref_outs, masks):
         out[name] = compare(name, o, r, tol, m).ratio
     if want_grad and leaves and ref_grads:
-        cots = _cotangents(ref_outs, masks, seed + 7919)
-        pairs = [(o, c.to(o.dtype)) for o, c in zip(outs, cots) if o.requires_grad]
-        got = torch.autograd.grad([o for o, _ in pairs], [t for _, t in leaves], [c for _, c in pairs],
-                                  allow_unused=True)
-        for (name, leaf), g, w in zip(leaves, got, ref_grads):
+        got, _ = _backward(outs, leaves, _case_cotangents(ref_outs, masks, seed))
+        for (name, leaf), g, w in zip(leaves, got or (), ref_grads):
             g = torch.zeros_like(leaf) if g is None else g
             out[f"grad {name}"] = compare(f"grad {name}", g, w, tol).ratio
     return out
@@ -453,19 +450,34 @@ def _check_outputs(h: OpHarness, outs: Any, ref_outs: Sequence[torch.Tensor], dt
     return problems
 
 
-def _compare_grads(res, outs, ref_outs, masks, leaves, ref_leaves, tol, seed, ref_grads=None) -> bool:
-    cots = _cotangents(ref_outs, masks, seed + 7919)
-    pairs = [(o, c) for o, c in zip(outs, cots) if o.requires_grad]
+#: The cotangents of a case are drawn from the case's seed plus this (its inputs use the seed).
+COTANGENT_SEED_OFFSET = 7919
+
+
+def _case_cotangents(ref_outs, masks, seed):
+    return _cotangents(ref_outs, masks, seed + COTANGENT_SEED_OFFSET)
+
+
+def _backward(outs, leaves, cots):
+    """Gradients of ``leaves`` for the cotangents ``cots``, each rounded to its output's dtype;
+    ``(None, [])`` when no output requires grad. Returns the gradients and the cotangents used."""
+    pairs = [(o, c.to(o.dtype)) for o, c in zip(outs, cots) if o.requires_grad]
     if not pairs:
-        res.status = FAIL
-        res.message = "the spec declares a backward, but no output requires grad (the kernel is not differentiable)"
-        return False
+        return None, []
+    kcots = [c for _, c in pairs]
+    return torch.autograd.grad([o for o, _ in pairs], [t for _, t in leaves], kcots, allow_unused=True), kcots
+
+
+def _compare_grads(res, outs, ref_outs, masks, leaves, ref_leaves, tol, seed, ref_grads=None) -> bool:
     # The kernel's cotangent is rounded to its output dtype; the reference gets those same values.
-    kcots = [c.to(o.dtype) for o, c in pairs]
     try:
-        got = torch.autograd.grad([o for o, _ in pairs], [t for _, t in leaves], kcots, allow_unused=True)
+        got, kcots = _backward(outs, leaves, _case_cotangents(ref_outs, masks, seed))
     except Exception as e:
         res.status, res.message = ERROR, f"backward raised {_short(e)}{_where(e)}"
+        return False
+    if got is None:
+        res.status = FAIL
+        res.message = "the spec declares a backward, but no output requires grad (the kernel is not differentiable)"
         return False
     ref_pairs = [r for r, o in zip(ref_outs, outs) if o.requires_grad]
     want = torch.autograd.grad(ref_pairs, [t for _, t in ref_leaves],
