@@ -652,7 +652,7 @@ class CheckReport:
                     notes += [f"  {k.op}/{k.variant} {k.kernel} {r.describe()}" for r in results if r.ok]
         widths = [max(len(r[i]) for r in rows) for i in range(len(head) - 1)]
         lines = [f"veomni-ops check on {self.device}, {self.size} shapes, seed {self.seed} "
-                 f"(worst error: max |a-b| / (atol*s + rtol*|b|) against float64 eager; pass <= 1)"]
+                 f"(worst error: max |a-b| / (atol*s + rtol*|b| + ulp) against float64 eager; pass <= 1, or <= 2x eager in the same dtype)"]
         for i, r in enumerate(rows):
             lines.append("  ".join(c.ljust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1])
             if i == 0:
