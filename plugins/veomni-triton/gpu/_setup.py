@@ -33,3 +33,16 @@ elif os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
 def pick(real, smoke):
     """``real`` on the GPU, ``smoke`` in a smoke run."""
     return smoke if SMOKE else real
+
+
+def device(purpose: str = "", smoke_name: str = "cpu (smoke run: Triton interpreter, tiny shapes)"):
+    """``(torch.device, name)`` to run on: the CPU in a smoke run, else the CUDA GPU. ``None``,
+    after saying why on stderr, when there is no CUDA GPU (the scripts then exit with 2)."""
+    import torch
+
+    if SMOKE:
+        return torch.device("cpu"), smoke_name
+    if not torch.cuda.is_available():
+        print("no CUDA device" + (f": {purpose}" if purpose else ""), file=sys.stderr)
+        return None
+    return torch.device("cuda"), torch.cuda.get_device_name()

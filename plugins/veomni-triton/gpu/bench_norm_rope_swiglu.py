@@ -34,7 +34,7 @@ import traceback
 
 import torch
 import torch.nn.functional as F
-from _setup import SMOKE, pick
+from _setup import SMOKE, device, pick
 
 BYTE_FORMULAS = {
     "rms_norm fwd": "e*(2*M*N) + ew*N  (read x, w; write y)",
@@ -347,15 +347,10 @@ def main() -> int:
     ap.add_argument("--ops", default="rms_norm,rotary,swiglu")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     args = ap.parse_args()
-    if SMOKE:
-        dev = torch.device("cpu")
-        name = "cpu (smoke run: Triton interpreter, tiny shapes, no timings)"
-    elif not torch.cuda.is_available():
-        print("no CUDA device: this benchmark runs on a GPU", file=sys.stderr)
+    picked = device("this benchmark runs on a GPU", "cpu (smoke run: Triton interpreter, tiny shapes, no timings)")
+    if picked is None:
         return 2
-    else:
-        dev = torch.device("cuda")
-        name = torch.cuda.get_device_name()
+    dev, name = picked
     dtype = getattr(torch, args.dtype)
     wanted = set(args.ops.split(","))
     torch.manual_seed(0)

@@ -35,7 +35,7 @@ import traceback
 
 import torch
 import torch.nn.functional as F
-from _setup import SMOKE, pick
+from _setup import SMOKE, device, pick
 
 ROWS: list[dict] = []
 
@@ -335,15 +335,10 @@ def main() -> int:
     ap.add_argument("--json", help="also write the rows as JSON to this path")
     ap.add_argument("--ops", default="moe,lbl")
     args = ap.parse_args()
-    if SMOKE:
-        dev = torch.device("cpu")
-        name = "cpu (smoke run: Triton interpreter, tiny shapes)"
-    elif not torch.cuda.is_available():
-        print("no CUDA device: this script checks the compiled kernels on a GPU", file=sys.stderr)
+    picked = device("this script checks the compiled kernels on a GPU")
+    if picked is None:
         return 2
-    else:
-        dev = torch.device("cuda")
-        name = torch.cuda.get_device_name()
+    dev, name = picked
     torch.manual_seed(0)
     import triton
 

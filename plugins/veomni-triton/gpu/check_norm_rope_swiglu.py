@@ -21,7 +21,7 @@ import sys
 import traceback
 
 import torch
-from _setup import SMOKE, pick
+from _setup import device, pick
 
 ROWS: list[dict] = []
 
@@ -314,15 +314,10 @@ def main() -> int:
     ap.add_argument("--json", help="also write the rows as JSON to this path")
     ap.add_argument("--ops", default="rms_norm,rotary,swiglu")
     args = ap.parse_args()
-    if SMOKE:
-        dev = torch.device("cpu")
-        name = "cpu (smoke run: Triton interpreter, tiny shapes)"
-    elif not torch.cuda.is_available():
-        print("no CUDA device: this script checks the compiled kernels on a GPU", file=sys.stderr)
+    picked = device("this script checks the compiled kernels on a GPU")
+    if picked is None:
         return 2
-    else:
-        dev = torch.device("cuda")
-        name = torch.cuda.get_device_name()
+    dev, name = picked
     torch.manual_seed(0)
     print(f"device: {name}  torch {torch.__version__}", flush=True)
     for op in args.ops.split(","):

@@ -20,7 +20,7 @@ import traceback
 import torch
 import triton
 import triton.testing
-from _setup import SMOKE, pick
+from _setup import SMOKE, device, pick
 
 RESULTS: list[dict] = []
 
@@ -141,13 +141,10 @@ def main() -> int:
     ap.add_argument("--json")
     ap.add_argument("--ops", default="rms_norm,rotary,swiglu")
     args = ap.parse_args()
-    if SMOKE:
-        dev, name = torch.device("cpu"), "cpu (smoke run, timings meaningless)"
-    elif not torch.cuda.is_available():
-        print("no CUDA device", file=sys.stderr)
+    picked = device("", "cpu (smoke run, timings meaningless)")
+    if picked is None:
         return 2
-    else:
-        dev, name = torch.device("cuda"), torch.cuda.get_device_name()
+    dev, name = picked
     print(f"device: {name}  torch {torch.__version__}  triton {triton.__version__}")
     failed = False
     for op in args.ops.split(","):
