@@ -292,10 +292,50 @@ def _pick(plan: KernelPlan, op: str, variant) -> tuple[str, Callable]:
 
 
 def _copy_with_globals(fn, overrides: Mapping[str, Any]):
-    """A copy of ``fn`` whose module globals are overridden: per-instance, nothing shared."""
-    inner = inspect.unwrap(fn)
-    if inner is not fn:
-        raise BindingError(f"{fn.__qualname__} is wrapped by a decorator; veomni-ops cannot rebind its globals")
+    """A copy of ``fn`` whose module globals are overridden: per-instance, nothing shared.
+
+    A decorated function (``functools.wraps``: ``fn.__wrapped__`` is the function it wraps)
+    is copied layer by layer: the innermost function gets the new globals, and each wrapper
+    is copied with the closure cell that held the function below it pointing at the copy.
+    The decorators' own code (transformers' ``deprecate_kwarg``, say) still runs.
+    """
+    inner = getattr(fn, "__wrapped__", None)
+    if inner is None:
+        return _copy_plain(fn, overrides)
+    cells = fn.__closure__ or ()
+    held = [i for i, c in enumerate(cells) if _cell_contents(c) is inner]
+    if len(held) != 1:
+        raise BindingError(
+            f"{fn.__module__}.{fn.__qualname__} is wrapped by a decorator that does not keep the wrapped function "
+            "in its closure; veomni-ops cannot redirect the globals it calls"
+        )
+    new_inner = _copy_with_globals(inner, overrides)
+    new_cells = tuple(types.CellType(new_inner) if i == held[0] else c for i, c in enumerate(cells))
+    new = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, new_cells)
+    new.__dict__.update(fn.__dict__)
+    new.__wrapped__ = new_inner
+    _copy_names(fn, new)
+    return new
+
+
+_EMPTY = object()
+
+
+def _cell_contents(cell) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return _EMPTY
+
+
+def _copy_names(src, dst) -> None:
+    dst.__module__ = src.__module__
+    dst.__kwdefaults__ = src.__kwdefaults__
+    dst.__qualname__ = src.__qualname__
+    dst.__doc__ = src.__doc__
+
+
+def _copy_plain(fn, overrides: Mapping[str, Any]):
     g = dict(fn.__globals__)
     g.update(overrides)
     # No ``__name__``: torch._dynamo resolves the globals of a function whose globals carry a
@@ -304,10 +344,7 @@ def _copy_with_globals(fn, overrides: Mapping[str, Any]):
     # dict itself.
     g.pop("__name__", None)
     new = types.FunctionType(fn.__code__, g, fn.__name__, fn.__defaults__, fn.__closure__)
-    new.__module__ = fn.__module__
-    new.__kwdefaults__ = fn.__kwdefaults__
-    new.__qualname__ = fn.__qualname__
-    new.__doc__ = fn.__doc__
+    _copy_names(fn, new)
     return new
 
 
