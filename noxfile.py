@@ -11,28 +11,41 @@ pulls one) would download a multi-GB CUDA build.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import nox
 
 ROOT = Path(__file__).parent
 TORCH = os.environ.get("VEOMNI_TORCH_SPEC", "torch==2.13.0")
-TEST_DEPS = ["pytest>=8", "transformers>=5.0"]
+#: Versions tested together; every session but binding(newest) installs under them.
+CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
 PLUGINS = sorted(p.parent.name for p in (ROOT / "plugins").glob("*/pyproject.toml"))
 
-nox.options.sessions = ["lint", "core", "plugin", "template", "packaging", "integration", "demo"]
+
+def _transformers_range() -> tuple[str, str]:
+    """(oldest supported release, first unsupported) from the core's binding module."""
+    text = (ROOT / "core/src/veomni_ops/binding/versions.py").read_text()
+    found = dict(re.findall(r'^(MIN_TRANSFORMERS|BELOW_TRANSFORMERS) = "([^"]+)"', text, re.M))
+    return found["MIN_TRANSFORMERS"], found["BELOW_TRANSFORMERS"]
+
+
+MIN_TRANSFORMERS, BELOW_TRANSFORMERS = _transformers_range()
+TEST_DEPS = ["pytest>=8", f"transformers>={MIN_TRANSFORMERS},<{BELOW_TRANSFORMERS}"]
+
+nox.options.sessions = ["lint", "core", "plugin", "template", "packaging", "integration", "binding", "demo"]
 nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = False
 
 
 def _base(session: nox.Session) -> None:
     session.install(TORCH)
-    session.install("-e", "core", *TEST_DEPS)
+    session.install(*CONSTRAINTS, "-e", "core", *TEST_DEPS)
 
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    session.install("ruff>=0.6")
+    session.install(*CONSTRAINTS, "ruff>=0.6")
     session.run("ruff", "check", ".")
 
 
@@ -48,7 +61,7 @@ def core(session: nox.Session) -> None:
 def plugin(session: nox.Session, name: str) -> None:
     """One plugin distribution with only the core beside it; Triton kernels run on the CPU interpreter."""
     _base(session)
-    session.install("-e", f"plugins/{name}")
+    session.install(*CONSTRAINTS, "-e", f"plugins/{name}")
     session.run("pytest", f"plugins/{name}/tests", "-q", *session.posargs, env={"TRITON_INTERPRET": "1"})
 
 
@@ -56,7 +69,7 @@ def plugin(session: nox.Session, name: str) -> None:
 def template(session: nox.Session) -> None:
     """The third-party backend template: build its wheel, install it beside the core, test and check it."""
     _base(session)
-    session.install("build", "wheel")
+    session.install(*CONSTRAINTS, "build", "wheel")
     session.run("bash", "examples/backend-template/ci.sh", external=True,
                 env={"PYTHON": os.path.join(session.bin, "python")})
 
@@ -65,7 +78,7 @@ def template(session: nox.Session) -> None:
 def packaging(session: nox.Session) -> None:
     """Build every wheel, install them into a fresh environment, discover them via entry points."""
     session.install(TORCH)
-    session.install("-e", "core", "pytest>=8", "build", "wheel")
+    session.install(*CONSTRAINTS, "-e", "core", "pytest>=8", "build", "wheel")
     session.run("pytest", "tests/packaging", "-q", "-m", "packaging", *session.posargs)
 
 
@@ -73,9 +86,45 @@ def packaging(session: nox.Session) -> None:
 def integration(session: nox.Session) -> None:
     """Every distribution together: models, binding, cross-package behaviour."""
     _base(session)
-    for name in PLUGINS:
-        session.install("-e", f"plugins/{name}")
+    session.install(*CONSTRAINTS, *(a for name in PLUGINS for a in ("-e", f"plugins/{name}")))
     session.run("pytest", "tests", "-q", "-m", "not packaging", *session.posargs, env={"TRITON_INTERPRET": "1"})
+
+
+@nox.session
+@nox.parametrize("transformers", ["oldest", "newest"])
+def binding(session: nox.Session, transformers: str) -> None:
+    """Binding into every model family on the oldest supported transformers and on the newest
+    release on PyPI (unconstrained: a new release that breaks binding shows here first)."""
+    session.install(TORCH)
+    plugins = [a for name in PLUGINS for a in ("-e", f"plugins/{name}")]
+    if transformers == "oldest":
+        # Not under constraints.txt, which pins the newest tested release: transformers and what it needs.
+        session.install("-e", "core", *plugins, "pytest>=8", f"transformers=={MIN_TRANSFORMERS}")
+    else:
+        session.install("-e", "core", *plugins, "pytest>=8")
+        session.install("--upgrade", "transformers")
+    version = session.run("python", "-c", "import transformers; print(transformers.__version__)",
+                          silent=True).strip().splitlines()[-1]
+    session.log(f"binding tests on transformers {version} ({transformers}; supported "
+                f">={MIN_TRANSFORMERS},<{BELOW_TRANSFORMERS})")
+    # A release newer than the range: test it anyway (the refusal a user would get is tested in core).
+    env = {"TRITON_INTERPRET": "1", "VEOMNI_OPS_ALLOW_TRANSFORMERS": version}
+    session.run("pytest", "tests/models", "-q", *session.posargs, env=env)
+
+
+@nox.session(default=False)
+def constraints(session: nox.Session) -> None:
+    """Rewrite constraints.txt: the newest releases in range of everything, if the tests pass on them."""
+    session.install(TORCH)
+    session.install("-e", "core", *(a for name in PLUGINS for a in ("-e", f"plugins/{name}")), *TEST_DEPS,
+                    "ruff>=0.6", "build", "wheel")
+    session.run("pytest", "core/tests", "tests", "-q", "-m", "not packaging", env={"TRITON_INTERPRET": "1"})
+    frozen = session.run("python", "-m", "pip", "freeze", "--exclude-editable", silent=True)
+    keep = [line for line in frozen.splitlines()
+            if line and not line.startswith(("torch==", "-e", "pip==", "setuptools==")) and "@ file" not in line]
+    head = [line for line in (ROOT / "constraints.txt").read_text().splitlines() if line.startswith("#")]
+    (ROOT / "constraints.txt").write_text("\n".join(head + keep) + "\n")
+    session.log(f"wrote {len(keep)} pins to constraints.txt; run ./dev test before committing it")
 
 
 @nox.session

@@ -252,6 +252,43 @@ def test_errors():
         with pytest.raises(TypeError, match="dtypes differ"):
             kernel(mod, q4.double(), k, v, None)
         with pytest.raises(ValueError, match="sinks"):
-            kernel(mod, q4, k, v, None, s_aux=torch.zeros(4))
+            # sdpa has no sinks at all; eager has them, [H] per head (4 here, not 3)
+            kernel(mod, q4, k, v, None, s_aux=torch.zeros(4 if kernel is sdpa_attention else 3))
         with pytest.raises(TypeError, match="boolean"):
             kernel(mod, q4, k, v, torch.ones(1, 1, 4, 4, dtype=torch.long))
+
+
+def _sinks_reference(q, k, v, mask, sinks, scaling):
+    """GPT-OSS's attention with sinks, in float64: one extra logit per head joins each row's softmax."""
+    n_rep = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(n_rep, 1)
+    v = v.repeat_interleave(n_rep, 1)
+    s = (q @ k.transpose(2, 3)) * scaling + mask
+    b, h, sq, _ = s.shape
+    col = sinks.reshape(1, h, 1, 1).expand(b, h, sq, 1)
+    p = torch.softmax(torch.cat([s, col], -1), -1)[..., :-1]
+    return (p @ v).transpose(1, 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_eager_attention_sinks_match_float64(dtype):
+    q, k, v = qkv(2, 4, 2, 5, 8, dtype, seed=3)
+    mod = Attn(4, 2, 8)
+    sinks = torch.randn(4, generator=torch.Generator().manual_seed(4)).to(dtype).requires_grad_()
+    causal = torch.full((5, 5), float("-inf")).triu(1)[None, None]
+    for t in (q, k, v):
+        t.requires_grad_()
+    out, _ = eager_attention(mod, q, k, v, causal.to(dtype), scaling=0.3, s_aux=sinks)
+    d64 = [t.detach().double().requires_grad_() for t in (q, k, v, sinks)]
+    ref = _sinks_reference(*d64[:3], causal.double(), d64[3], 0.3)
+    tol = dict(atol=1e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(out.double(), ref, **tol)
+    g = torch.randn_like(ref)
+    out.backward(g.to(dtype))
+    ref.backward(g)
+    for got, want in zip((q, k, v, sinks), d64):
+        torch.testing.assert_close(got.grad.double(), want.grad, **tol)
+    # sinks take probability mass: with a huge sink logit the output goes to zero
+    big, _ = eager_attention(mod, q.detach(), k.detach(), v.detach(), causal.to(dtype), scaling=0.3,
+                             s_aux=torch.full((4,), 30.0, dtype=dtype))
+    assert big.abs().max() < 1e-6

@@ -180,7 +180,7 @@ def test_logits_variant_plan_returns_logits(name, registry):
 
 
 def _needs(model):
-    from veomni_ops.binding import _needs as needs_of
+    from veomni_ops.binding import needs_of
 
     return needs_of(survey(model))
 

@@ -71,7 +71,8 @@ def test_plan_without_the_variant_is_refused_at_bind_and_nothing_is_bound(standa
     """A plan with a standard norm kernel but nothing for offset: binding it into an offset
     model raises instead of putting w*x̂ where x̂*(1+w) belongs, and leaves the model as it
     was (not half bound: the experts and MLPs come before the first norm in module order)."""
-    from veomni_ops.binding import _needs, survey
+    from veomni_ops.binding import needs_of as _needs
+    from veomni_ops.binding import survey
     from veomni_ops.resolve import resolve
 
     model = build("qwen3_next")

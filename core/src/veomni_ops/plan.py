@@ -50,6 +50,12 @@ class KernelPlan:
     device: DeviceInfo
     config: OpsConfig
     entries: tuple[PlanEntry, ...]
+    #: resolved for a model that will run under torch.compile (only supports_compile kernels)
+    compile: bool = False
+
+    @property
+    def mode(self) -> str:
+        return "compile" if self.compile else "eager"
 
     def get(self, op: str, variant: str) -> PlanEntry | None:
         for e in self.entries:
@@ -76,6 +82,7 @@ class KernelPlan:
     def to_dict(self) -> dict[str, Any]:
         return {
             "device": self.device.to_dict(),
+            "mode": self.mode,
             "config": self.config.to_dict(),
             "entries": [e.to_dict() for e in self.entries],
         }
@@ -89,7 +96,8 @@ class KernelPlan:
             (e.op, e.variant, e.kernel, f"{e.distribution} {e.version}", e.reason) for e in self.entries
         ]
         widths = [max(len(r[i]) for r in rows) for i in range(4)]
-        lines = [f"KernelPlan for {self.device}" + (f" ({self.device.name})" if self.device.name else "")]
+        lines = [f"KernelPlan for {self.device}" + (f" ({self.device.name})" if self.device.name else "")
+                 + f", mode {self.mode}" + (" (torch.compile: supports_compile kernels only)" if self.compile else "")]
         for i, r in enumerate(rows):
             lines.append("  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4])
             if i == 0:

@@ -112,8 +112,13 @@ def requirement_problem(text: str) -> str | None:
     return None
 
 
-def static_problem(spec: KernelSpec, device: DeviceInfo, dtype: str | None = None, training: bool = True) -> str | None:
-    """Why ``spec`` cannot run here, checking metadata only (no import); ``None`` if it can."""
+def static_problem(spec: KernelSpec, device: DeviceInfo, dtype: str | None = None, training: bool = True,
+                   features: Iterable[str] = (), compile: bool = False) -> str | None:
+    """Why ``spec`` cannot run here, checking metadata only (no import); ``None`` if it can.
+
+    ``features``: what the model's places need the kernel to honour (see ``spec.FEATURES``);
+    ``compile``: the model will run under ``torch.compile``.
+    """
     why = check_hardware(spec.hardware, device)
     if why:
         return why
@@ -125,6 +130,12 @@ def static_problem(spec: KernelSpec, device: DeviceInfo, dtype: str | None = Non
         return f"does not support dtype {dtype} (supports {', '.join(spec.dtypes)})"
     if training and not spec.supports_backward:
         return "has no backward, and training needs one"
+    missing = sorted(set(features) - set(spec.features))
+    if missing:
+        return (f"does not honour {', '.join(missing)}, which the model needs here "
+                f"(its spec declares: {', '.join(spec.features) or 'no optional features'})")
+    if compile and not spec.supports_compile:
+        return "does not run under torch.compile (its spec says supports_compile=False), and this is compile mode"
     return None
 
 
@@ -167,12 +178,16 @@ def resolve(
     dtype: str | None = None,
     training: bool = True,
     load: bool | None = None,
+    features: Mapping[str, Iterable[str]] | None = None,
+    compile: bool = False,
 ) -> KernelPlan:
     """Resolve ``config`` for ``device`` into a :class:`KernelPlan`.
 
     ``needs`` restricts resolution to what a model needs (see :data:`Needs`); without it
     every op and variant is resolved. ``dtype`` (e.g. ``"bfloat16"``) and ``training``
-    (kernel must have a backward) filter kernels. ``load=False`` checks everything but
+    (kernel must have a backward) filter kernels, and so do ``features`` (per op, what the
+    model's places need honoured, e.g. ``{"attention": {"softcap"}}``) and ``compile``
+    (the model will run under ``torch.compile``: only ``supports_compile`` kernels). ``load=False`` checks everything but
     the import (for resolving for another device); the default loads unless the device is
     one this machine is not (``VEOMNI_OPS_DEVICE=cuda:9.0`` on a CPU box). Raises :class:`ResolutionError` listing
     every refusal.
@@ -191,6 +206,11 @@ def resolve(
         need_map = needs
     entries: list[PlanEntry] = []
     refusals: list[Refusal] = []
+    feats = {op: frozenset(f) for op, f in (features or {}).items()}
+    unknown = [op for op in feats if op not in OPS]
+    if unknown:
+        raise ValueError(f"unknown op(s) in features: {unknown}; known: {', '.join(OPS)}")
+    ctx = _Ctx(dev, dtype, training, load, compile)
     for op in OPS:
         for req in need_map.get(op, ()):
             alts = _alternatives(req)
@@ -198,17 +218,18 @@ def resolve(
                 if v not in OPS[op]:
                     raise ValueError(f"op {op} has no variant {v!r}; its variants: {', '.join(OPS[op])}")
             requested = cfg.for_op(op)
+            c = dataclasses.replace(ctx, features=feats.get(op, frozenset()))
             if requested == AUTO:
-                got = _resolve_auto(reg, op, alts, dev, dtype, training, load)
+                got = _resolve_auto(reg, op, alts, c)
             else:
-                got = _resolve_named(reg, op, alts, requested, dev, dtype, training, load)
+                got = _resolve_named(reg, op, alts, requested, c)
             if isinstance(got, Refusal):
                 refusals.append(got)
             elif all((e.op, e.variant) != (got.op, got.variant) for e in entries):
                 entries.append(got)
     if refusals:
         raise ResolutionError(refusals, dev)
-    return KernelPlan(dev, cfg, tuple(entries))
+    return KernelPlan(dev, cfg, tuple(entries), compile=compile)
 
 
 def is_local(dev: DeviceInfo) -> bool:
@@ -233,8 +254,23 @@ def _as_config(config: Any) -> OpsConfig:
     raise TypeError(f"config must be an OpsConfig, a mapping or a YAML path, got {type(config).__name__}")
 
 
-def _usable_names(reg: Registry, op: str, variant: str, dev: DeviceInfo, dtype: str | None, training: bool) -> tuple[str, ...]:
-    return tuple(k.spec.name for k in reg.for_op(op, variant) if static_problem(k.spec, dev, dtype, training) is None)
+@dataclass(frozen=True)
+class _Ctx:
+    """What a kernel must satisfy besides its name: device, dtype, backward, features, compile."""
+
+    dev: DeviceInfo
+    dtype: str | None
+    training: bool
+    load: bool
+    compile: bool
+    features: frozenset[str] = frozenset()
+
+    def problem(self, spec: KernelSpec) -> str | None:
+        return static_problem(spec, self.dev, self.dtype, self.training, self.features, self.compile)
+
+
+def _usable_names(reg: Registry, op: str, variant: str, c: _Ctx) -> tuple[str, ...]:
+    return tuple(k.spec.name for k in reg.for_op(op, variant) if c.problem(k.spec) is None)
 
 
 def _entry(rk: RegisteredKernel, requested: str, reason: str, load: bool) -> PlanEntry:
@@ -243,7 +279,7 @@ def _entry(rk: RegisteredKernel, requested: str, reason: str, load: bool) -> Pla
     return PlanEntry(s.op, s.variant, requested, s.name, rk.provenance.distribution, rk.provenance.version, reason, s, fn)
 
 
-def _resolve_named(reg, op, alts, name, dev, dtype, training, load) -> PlanEntry | Refusal:
+def _resolve_named(reg, op, alts, name, c: _Ctx) -> PlanEntry | Refusal:
     provided = [reg.get(op, v, name) for v in alts]
     provided = [k for k in provided if k is not None]
     if not provided:
@@ -253,7 +289,7 @@ def _resolve_named(reg, op, alts, name, dev, dtype, training, load) -> PlanEntry
                 f"kernel {name!r} provides variant(s) {', '.join(anywhere)} of {op}, but this needs "
                 f"{' or '.join(alts)}"
             )
-            return Refusal(op, name, alts, why, _usable_names(reg, op, alts[0], dev, dtype, training),
+            return Refusal(op, name, alts, why, _usable_names(reg, op, alts[0], c),
                            f"Choose a kernel that provides {alts[0]}, or 'auto'.")
         failures = reg.failures_for(name)
         if failures:
@@ -273,36 +309,43 @@ def _resolve_named(reg, op, alts, name, dev, dtype, training, load) -> PlanEntry
                 )
             how = install_hint(name)
             cause = reg.failures[0].error if len(reg.failures) == 1 else None
-        return Refusal(op, name, alts, why, _usable_names(reg, op, alts[0], dev, dtype, training), how, cause)
+        return Refusal(op, name, alts, why, _usable_names(reg, op, alts[0], c), how, cause)
     problems = []
     for rk in provided:
-        why = static_problem(rk.spec, dev, dtype, training)
+        why = c.problem(rk.spec)
         if why is None:
             try:
-                return _entry(rk, name, "requested by name", load)
+                return _entry(rk, name, "requested by name", c.load)
             except Exception as e:
                 problems.append((rk, f"its kernel failed to import ({type(e).__name__}: {e})", e))
                 continue
         problems.append((rk, why, None))
     rk, why, cause = problems[0]
-    how = install_hint(name, rk.spec) if "requires" in why else (
-        f"Pick a kernel that runs on {dev}, or 'auto'." if "device" in why or "capability" in why else ""
-    )
+    if "requires" in why:
+        how = install_hint(name, rk.spec)
+    elif "device" in why or "capability" in why:
+        how = f"Pick a kernel that runs on {c.dev}, or 'auto'."
+    elif "honour" in why:
+        how = "Pick a kernel listed above (they honour what the model needs), or 'auto'."
+    elif "compile" in why:
+        how = "Pick a kernel listed above (they run under torch.compile), or 'auto', or do not compile."
+    else:
+        how = ""
     return Refusal(op, name, alts, f"kernel {name!r} ({rk.provenance}) {why}",
-                   _usable_names(reg, op, alts[0], dev, dtype, training), how, cause)
+                   _usable_names(reg, op, alts[0], c), how, cause)
 
 
-def _resolve_auto(reg, op, alts, dev, dtype, training, load) -> PlanEntry | Refusal:
+def _resolve_auto(reg, op, alts, c: _Ctx) -> PlanEntry | Refusal:
     cands = [k for i, v in enumerate(alts) for k in reg.for_op(op, v)]
     # Highest priority first; among equals, the preferred variant, then the name.
     order = {v: i for i, v in enumerate(alts)}
     cands.sort(key=lambda k: (-k.spec.priority, order[k.spec.variant], k.spec.name))
     passed: list[str] = []
     for rk in cands:
-        why = static_problem(rk.spec, dev, dtype, training)
+        why = c.problem(rk.spec)
         if why is None:
             try:
-                entry = _entry(rk, AUTO, "", load)
+                entry = _entry(rk, AUTO, "", c.load)
             except Exception as e:
                 passed.append(f"{rk.spec.name} (import failed: {type(e).__name__})")
                 continue

@@ -23,6 +23,13 @@ OPS: Mapping[str, tuple[str, ...]] = {
     "attention": ("standard",),
 }
 
+#: Optional behaviours a kernel may honour beyond its op's contract, per op. A model place
+#: that needs one (Gemma-2's attention soft-capping, GPT-OSS's attention sinks) only takes a
+#: kernel whose spec lists it in ``features``.
+FEATURES: Mapping[str, tuple[str, ...]] = {
+    "attention": ("softcap", "sinks", "sliding_window", "dropout"),
+}
+
 #: Device types a hardware requirement may name. ``any`` matches every device.
 DEVICE_TYPES = ("cuda", "rocm", "npu", "xpu", "mps", "cpu", "any")
 
@@ -167,6 +174,8 @@ class KernelSpec:
             dtypes not listed use :data:`DEFAULT_TOLERANCES`.
         description: one line for humans.
         install_hint: what to run to get its requirements, shown in refusals.
+        features: optional behaviours it honours (:data:`FEATURES` of its op), e.g.
+            ``("softcap", "sliding_window")`` for an attention kernel.
     """
 
     name: str
@@ -182,6 +191,7 @@ class KernelSpec:
     tolerances: Any = ()
     description: str = ""
     install_hint: str = ""
+    features: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "name", normalize_name(self.name))
@@ -234,6 +244,12 @@ class KernelSpec:
                 raise SpecError(f"kernel {self.name!r}: tolerance for {d} must be a Tolerance or (atol, rtol)")
             norm.append((d, t))
         object.__setattr__(self, "tolerances", tuple(sorted(norm)))
+        feats = (self.features,) if isinstance(self.features, str) else tuple(self.features)
+        for f in feats:
+            if f not in FEATURES.get(self.op, ()):
+                known = ", ".join(FEATURES.get(self.op, ())) or "none"
+                raise SpecError(f"kernel {self.name!r}: unknown feature {f!r} for op {self.op}; known: {known}")
+        object.__setattr__(self, "features", tuple(sorted(set(feats))))
         for b in ("supports_backward", "supports_compile"):
             if not isinstance(getattr(self, b), bool):
                 raise SpecError(f"kernel {self.name!r}: {b} must be True or False")
@@ -269,6 +285,7 @@ class KernelSpec:
             "dtypes": list(self.dtypes),
             "priority": self.priority,
             "tolerances": {d: [t.atol, t.rtol] for d, t in self.tolerances},
+            "features": list(self.features),
             "description": self.description,
         }
 

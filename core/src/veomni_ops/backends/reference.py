@@ -159,7 +159,8 @@ def load_balancing_loss() -> list[KernelSpec]:
 def attention() -> list[KernelSpec]:
     return [
         _eager("attention", "standard", "attention:eager_attention", _MATMUL,
-               "explicit softmax(q k^T) v as transformers' eager_attention_forward (softcap, returns weights)"),
+               "explicit softmax(q k^T) v as transformers' eager_attention_forward (softcap, sinks, returns weights)",
+               features=("softcap", "sinks", "sliding_window", "dropout")),
         KernelSpec(
             name="sdpa",
             op="attention",
@@ -172,5 +173,6 @@ def attention() -> list[KernelSpec]:
             priority=PORTABLE_PRIORITY,
             tolerances=_MATMUL,
             description="torch scaled_dot_product_attention as transformers' sdpa_attention_forward (no softcap)",
+            features=("sliding_window", "dropout"),
         ),
     ]

@@ -13,8 +13,10 @@ padding, packing and any sliding window. Without a mask, causality comes from
 given and shorter than the keys, the window is applied too. ``eager`` follows the same
 rules as ``sdpa`` there (transformers' eager never receives ``None`` for a causal model).
 
-Arguments neither kernel can honour raise ``ValueError``: ``softcap`` in sdpa, and the
-``s_aux`` (attention sinks) / ``position_bias`` extensions of particular models.
+Attention sinks (GPT-OSS's ``s_aux``: one learned logit per head that joins every row's
+softmax and is then dropped) are honoured by ``eager``, as GPT-OSS's own eager attention.
+Arguments a kernel cannot honour raise ``ValueError``: ``softcap`` and ``s_aux`` in sdpa,
+and ``position_bias`` in both.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ def _check(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attentio
 
 
 def _check_unsupported(kind: str, softcap: float | None, kwargs: dict[str, Any]) -> None:
-    if kwargs.get("s_aux") is not None:
+    if kwargs.get("s_aux") is not None and kind != "eager":
         raise ValueError(
             f"{_OP} '{kind}': attention sinks (s_aux) are not supported; use the model's own attention "
             "implementation or a kernel that implements sinks"
@@ -144,7 +146,16 @@ def eager_attention(
         else:
             attn_weights = attn_weights + attention_mask
     softmax_dtype = torch.float64 if query.dtype == torch.float64 else torch.float32
-    attn_weights = F.softmax(attn_weights, dim=-1, dtype=softmax_dtype).to(query.dtype)
+    sinks = kwargs.get("s_aux")
+    if sinks is not None:
+        b, h, s, _ = attn_weights.shape
+        if sinks.shape != (h,):
+            raise ValueError(f"{_OP} 'eager': s_aux (attention sinks) must be [H] = [{h}], got {tuple(sinks.shape)}")
+        col = sinks.to(attn_weights.dtype).reshape(1, h, 1, 1).expand(b, h, s, 1)
+        attn_weights = F.softmax(torch.cat([attn_weights, col], dim=-1), dim=-1, dtype=softmax_dtype)[..., :-1]
+        attn_weights = attn_weights.to(query.dtype)
+    else:
+        attn_weights = F.softmax(attn_weights, dim=-1, dtype=softmax_dtype).to(query.dtype)
     attn_weights = F.dropout(attn_weights, p=dropout, training=module.training)
     attn_output = torch.matmul(attn_weights, value_states)
     return attn_output.transpose(1, 2).contiguous(), attn_weights

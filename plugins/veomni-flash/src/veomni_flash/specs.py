@@ -38,7 +38,8 @@ _HINT = 'pip install "veomni-ops[flash]" and {install}'
 # dynamo does not trace either.
 
 
-def _spec(version: int, *, priority: int, hardware: HardwareRequirement, description: str) -> KernelSpec:
+def _spec(version: int, *, priority: int, hardware: HardwareRequirement, description: str,
+          features: tuple[str, ...]) -> KernelSpec:
     pkg = PACKAGES[version]
     return KernelSpec(
         name=pkg.kernel_name,
@@ -54,6 +55,7 @@ def _spec(version: int, *, priority: int, hardware: HardwareRequirement, descrip
         tolerances=_TOLERANCES,
         description=description,
         install_hint=_HINT.format(install=pkg.install),
+        features=features,
     )
 
 
@@ -65,17 +67,20 @@ def attention() -> list[KernelSpec]:
             priority=40,
             hardware=HardwareRequirement(("cuda",), min_capability=(9, 0), max_capability=(12, 9)),
             description="FlashAttention-4 (CuTe DSL, flash_attn.cute): Hopper/Blackwell, GQA, varlen, no dropout",
+            features=("softcap", "sliding_window"),
         ),
         _spec(
             3,
             priority=35,
             hardware=HardwareRequirement(("cuda",), min_capability=(8, 0), max_capability=(9, 0)),
             description="FlashAttention-3 (flash_attn_interface): tuned for Hopper, GQA, varlen, no dropout",
+            features=("softcap", "sliding_window"),
         ),
         _spec(
             2,
             priority=30,
             hardware=HardwareRequirement(("cuda",), min_capability=(8, 0)),
             description="FlashAttention-2 (flash_attn): Ampere and newer, GQA, varlen, dropout",
+            features=("softcap", "sliding_window", "dropout"),
         ),
     ]

@@ -1,0 +1,391 @@
+"""One binder per op: where the op lives in a transformers model, and how its kernel goes in.
+
+A :class:`Binder` has two functions. ``find(path, module, survey)`` looks at one module (or,
+for the causal-LM head, the model itself) and returns the :class:`Place` s it offers, with
+the variant and the features the place needs (read from the module, never from the model
+family's name). ``bind(place, kernel, edits)`` records what binding that place changes in
+:class:`Edits`; nothing is changed until every place of the model has been bound, so a
+failure leaves the model as it was. A new model family or op is one entry in
+:data:`BINDERS`, not another branch.
+
+Places are found by structure: a one-input module with a ``[H]`` weight that computes
+``w * x̂`` or ``x̂ * (1 + w)`` is an RMSNorm (probed), ``gate_proj``/``up_proj``/``down_proj``
+around SiLU is a SwiGLU MLP, transformers v5's ``gate_up_proj [E, 2I, H]`` /
+``down_proj [E, H, I]`` are routed experts, an ``*Attention`` module whose forward calls
+``ALL_ATTENTION_FUNCTIONS`` / ``apply_rotary_pos_emb`` is attention / rotary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from .functions import code_names, function_globals, library_method, user_override
+
+
+@dataclass
+class Place:
+    """One spot in the model where an op's kernel goes.
+
+    ``variant``: the variant the place needs, or a tuple of acceptable ones in order of
+    preference. ``features``: what the kernel must honour there (``softcap``, ``sinks``, ...:
+    see :data:`veomni_ops.spec.FEATURES`). ``foreign``: set when the method binding would
+    replace is user code (a subclass's override): such a place is never replaced.
+    """
+
+    op: str
+    variant: str | tuple[str, ...]
+    path: str
+    module: nn.Module
+    info: dict[str, Any] = field(default_factory=dict)
+    features: frozenset[str] = frozenset()
+    foreign: str | None = None
+
+
+@dataclass
+class Edits:
+    """What binding will change, collected before anything is changed."""
+
+    forwards: list[tuple[nn.Module, Callable]] = field(default_factory=list)
+    #: per module (by id): the module and the globals its forward's copy gets
+    globals: dict[int, tuple[nn.Module, dict[str, Any]]] = field(default_factory=dict)
+    #: (module, transformers attention-mask name) for attention places
+    mask_names: list[tuple[nn.Module, str]] = field(default_factory=list)
+    #: the causal-LM head's pieces: "ce" -> (variant, kernel), "lbl" -> kernel
+    head: dict[str, Any] = field(default_factory=dict)
+
+    def override_global(self, module: nn.Module, name: str, value: Any) -> None:
+        self.globals.setdefault(id(module), (module, {}))[1][name] = value
+
+
+class Survey:
+    """Facts about the whole model that several binders read (computed once)."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.rot_dim = _rotary_dim(model)
+        self._rotary_probes: dict[tuple[Any, int, int], bool] = {}
+
+    def rotary_matches(self, fn: Callable, head_dim: int, rot_dim: int) -> bool:
+        key = (fn, max(head_dim, rot_dim), rot_dim)
+        if key not in self._rotary_probes:  # every layer shares the function: probe it once
+            self._rotary_probes[key] = _rotary_matches_contract(*key)
+        return self._rotary_probes[key]
+
+
+@dataclass(frozen=True)
+class Binder:
+    """Where one op lives (``find``) and how its kernel goes in (``bind``).
+
+    ``root``: ``find`` looks at the model itself, not at each module. ``method``: what
+    ``bind`` replaces on the place's module (checked for user overrides).
+    """
+
+    op: str
+    find: Callable[[str, nn.Module, Survey], list[Place]]
+    bind: Callable[[Place, Callable, Edits], None]
+    root: bool = False
+    method: str = "forward"
+    #: ops whose places this binder's ``find`` also returns (the head finds the aux loss)
+    also: tuple[str, ...] = ()
+
+
+# ----------------------------------------------------------------------------------------
+# rms_norm
+# ----------------------------------------------------------------------------------------
+
+
+def _probe_rms_variant(m: nn.Module, eps: float) -> str | None:
+    w = m.weight
+    h = w.shape[0]
+    with torch.no_grad():
+        x = torch.randn(3, h, dtype=torch.float32, device=w.device, generator=torch.Generator(w.device).manual_seed(0))
+        try:
+            out = m(x.to(w.dtype)).float()
+        except Exception:
+            return None
+        xf = x.to(w.dtype).float()
+        xhat = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        wf = w.float()
+        tol = dict(rtol=2e-2, atol=2e-2) if w.dtype in (torch.bfloat16, torch.float16) else dict(rtol=1e-4, atol=1e-5)
+        if torch.allclose(out, xhat * wf, **tol):
+            return "standard"
+        if torch.allclose(out, xhat * (1.0 + wf), **tol):
+            return "offset"
+    return None
+
+
+class NotBindable(ValueError):
+    """A module looks like a place for an op but does not compute what the op's contract says."""
+
+
+def _find_rms_norm(path: str, m: nn.Module, survey: Survey) -> list[Place]:
+    cls = type(m).__name__
+    if not (cls.endswith("RMSNorm") and isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 1):
+        return []
+    eps = getattr(m, "variance_epsilon", getattr(m, "eps", None))
+    if eps is None:
+        return []
+    variant = _probe_rms_variant(m, float(eps))
+    if variant is None:
+        raise NotBindable(
+            f"{path} ({cls}) looks like an RMSNorm but computes neither w*x̂ nor x̂*(1+w); "
+            "veomni-ops cannot bind a kernel to it. Set rms_norm_implementation: eager."
+        )
+    return [Place("rms_norm", variant, path, m, {"eps": float(eps)})]
+
+
+def _bind_rms_norm(place: Place, kernel: Callable, edits: Edits) -> None:
+    eps = place.info["eps"]
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return kernel(hidden_states, self.weight, eps)
+
+    edits.forwards.append((place.module, forward))
+
+
+# ----------------------------------------------------------------------------------------
+# swiglu
+# ----------------------------------------------------------------------------------------
+
+
+def _is_silu(act: Any) -> bool:
+    return isinstance(act, nn.SiLU) or type(act).__name__ in ("SiLU", "SiLUActivation")
+
+
+def _find_swiglu(path: str, m: nn.Module, survey: Survey) -> list[Place]:
+    if all(isinstance(getattr(m, p, None), nn.Linear) for p in ("gate_proj", "up_proj", "down_proj")):
+        if _is_silu(getattr(m, "act_fn", None)):
+            return [Place("swiglu", "standard", path, m)]
+    return []
+
+
+def _bind_swiglu(place: Place, kernel: Callable, edits: Edits) -> None:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.down_proj(kernel(self.gate_proj(x), self.up_proj(x)))
+        # Seed-OSS applies dropout to the MLP output inside the MLP; keep it.
+        p = getattr(self, "residual_dropout", 0.0)
+        if p:
+            out = nn.functional.dropout(out, p=p, training=self.training)
+        return out
+
+    edits.forwards.append((place.module, forward))
+
+
+# ----------------------------------------------------------------------------------------
+# moe_experts
+# ----------------------------------------------------------------------------------------
+
+
+def _find_experts(path: str, m: nn.Module, survey: Survey) -> list[Place]:
+    gu = getattr(m, "gate_up_proj", None)
+    if not (isinstance(gu, nn.Parameter) and gu.dim() == 3):
+        return []
+    dn = getattr(m, "down_proj", None)
+    ok = (
+        isinstance(dn, nn.Parameter) and dn.dim() == 3 and gu.shape[0] == dn.shape[0]
+        and gu.shape[1] == 2 * dn.shape[2] and gu.shape[2] == dn.shape[1]
+        and not getattr(m, "has_bias", False) and not getattr(m, "is_transposed", False)
+        and getattr(m, "gate_up_proj_bias", None) is None
+        and _is_silu(getattr(m, "act_fn", None))
+    )
+    return [Place("moe_experts", "standard", path, m)] if ok else []
+
+
+def _bind_experts(place: Place, kernel: Callable, edits: Edits) -> None:
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        return kernel(hidden_states, top_k_index, top_k_weights, self.gate_up_proj, self.down_proj)
+
+    edits.forwards.append((place.module, forward))
+
+
+# ----------------------------------------------------------------------------------------
+# attention and rotary (both inside an attention module's forward)
+# ----------------------------------------------------------------------------------------
+
+
+def _attention_forward_names(m: nn.Module) -> set[str]:
+    if not type(m).__name__.endswith("Attention"):
+        return set()
+    try:
+        return code_names(library_method(type(m), "forward"))
+    except AttributeError:  # not a Python function (a C extension, a callable object)
+        return set()
+
+
+def attention_features(m: nn.Module) -> frozenset[str]:
+    """What an attention kernel must honour in this module: read from the module and its config."""
+    cfg = getattr(m, "config", None)
+    out = set()
+    if getattr(m, "attn_logit_softcapping", None) is not None:
+        out.add("softcap")
+    if isinstance(getattr(m, "sinks", None), torch.Tensor):
+        out.add("sinks")
+    window = getattr(m, "sliding_window", None) if hasattr(m, "sliding_window") else None
+    if window is None and "sliding_window" in _attention_forward_names(m) and not hasattr(m, "sliding_window"):
+        window = getattr(cfg, "sliding_window", None)  # Mistral passes config.sliding_window
+    if window is not None:
+        out.add("sliding_window")
+    if float(getattr(m, "attention_dropout", 0.0) or 0.0) > 0.0:
+        out.add("dropout")
+    return frozenset(out)
+
+
+def _find_attention(path: str, m: nn.Module, survey: Survey) -> list[Place]:
+    if "ALL_ATTENTION_FUNCTIONS" not in _attention_forward_names(m):
+        return []
+    return [Place("attention", "standard", path, m, features=attention_features(m))]
+
+
+class _FixedAttention:
+    """Stands in for transformers' attention table inside one model: always our kernel."""
+
+    def __init__(self, kernel: Callable):
+        self.kernel = kernel
+
+    def get_interface(self, name, default=None):
+        return self.kernel
+
+    def __getitem__(self, name):
+        return self.kernel
+
+    def get(self, name, default=None):
+        return self.kernel
+
+
+def _mask_name(kernel_name: str, kernel: Callable) -> str:
+    """Which transformers mask builder feeds this kernel (set as config._attn_implementation)."""
+    kind = getattr(kernel, "veomni_mask", None)
+    if kind:
+        return kind
+    return "eager" if kernel_name == "eager" else "sdpa"
+
+
+def _bind_attention(place: Place, kernel: Callable, edits: Edits) -> None:
+    edits.override_global(place.module, "ALL_ATTENTION_FUNCTIONS", _FixedAttention(kernel))
+    edits.mask_names.append((place.module, _mask_name(place.info["kernel_name"], kernel)))
+
+
+def _rotary_dim(model: nn.Module) -> int | None:
+    for name, m in model.named_modules():
+        if name.endswith("rotary_emb") and hasattr(m, "inv_freq"):
+            return int(m.inv_freq.shape[-1]) * 2
+    return None
+
+
+def _rotary_matches_contract(fn: Callable, head_dim: int, rot_dim: int) -> bool:
+    """Is the model's ``apply_rotary_pos_emb`` the ``rotate_half`` form our contract has?"""
+    from ..kernels.rotary import apply_rotary
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, 3, head_dim, generator=g, dtype=torch.float64)
+    k = torch.randn(1, 1, 3, head_dim, generator=g, dtype=torch.float64)
+    ang = torch.randn(1, 3, rot_dim // 2, generator=g, dtype=torch.float64)
+    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
+    try:
+        got = fn(q, k, cos, sin)
+        want = apply_rotary(q, k, cos, sin)
+    except Exception:
+        return False
+    return all(torch.allclose(a, b) for a, b in zip(got, want))
+
+
+def _find_rotary(path: str, m: nn.Module, survey: Survey) -> list[Place]:
+    names = _attention_forward_names(m)
+    if "apply_rotary_pos_emb" not in names or not survey.rot_dim:
+        return []
+    # A forward that can also take another rotary function (DeepSeek-V3's
+    # apply_rotary_pos_emb_interleave when config.rope_interleave) would leave a kernel
+    # bound to apply_rotary_pos_emb unused: bind only when the config rules that out.
+    other_rope = any(n.startswith("apply_rotary") and n != "apply_rotary_pos_emb" for n in names)
+    if other_rope and getattr(getattr(m, "config", None), "rope_interleave", None) is not False:
+        return []
+    fn = function_globals(library_method(type(m), "forward")).get("apply_rotary_pos_emb")
+    head_dim = int(getattr(m, "qk_rope_head_dim", 0) or getattr(m, "head_dim", 0))
+    if fn is None or not head_dim or not survey.rotary_matches(fn, head_dim, survey.rot_dim):
+        return []
+    variant = "partial" if survey.rot_dim < head_dim else "full"
+    return [Place("rotary", variant, path, m, {"rot_dim": survey.rot_dim})]
+
+
+def _bind_rotary(place: Place, kernel: Callable, edits: Edits) -> None:
+    edits.override_global(place.module, "apply_rotary_pos_emb", kernel)
+
+
+# ----------------------------------------------------------------------------------------
+# cross_entropy and load_balancing_loss: the causal-LM head
+# ----------------------------------------------------------------------------------------
+
+#: Attributes a causal-LM forward reads to change the logits after lm_head (Gemma-2/3 soft-capping,
+#: Cohere's logit_scale, Granite's logits_scaling). The core's head does not apply them.
+_LOGIT_RESCALERS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+
+def head_rescales_logits(model: nn.Module) -> bool:
+    names = code_names(library_method(type(model), "forward"))
+    cfg = getattr(model, "config", None)
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    for n in _LOGIT_RESCALERS:
+        if n in names:
+            missing = object()
+            value = next((v for v in (getattr(o, n, missing) for o in (model, text, cfg)) if v is not missing), None)
+            if value is not None:  # Gemma-2 reads final_logit_softcapping but skips it when None
+                return True
+    return False
+
+
+def _find_head(path: str, model: nn.Module, survey: Survey) -> list[Place]:
+    lm_head = getattr(model, "lm_head", None)
+    inner = getattr(model, "model", None)
+    if not (isinstance(lm_head, nn.Linear) and isinstance(inner, nn.Module)) or head_rescales_logits(model):
+        return []
+    places = [Place("cross_entropy", ("fused_linear", "logits"), "", model)]
+    fwd = library_method(type(model), "forward")
+    if "load_balancing_loss_func" in code_names(fwd) and "load_balancing_loss_func" in function_globals(fwd):
+        places.append(Place("load_balancing_loss", "standard", "", model))
+    return places
+
+
+def _bind_cross_entropy(place: Place, kernel: Callable, edits: Edits) -> None:
+    edits.head["ce"] = (place.info["chosen_variant"], kernel)
+
+
+def _bind_load_balancing(place: Place, kernel: Callable, edits: Edits) -> None:
+    edits.head["lbl"] = kernel
+
+
+def _find_nothing(path: str, m: nn.Module, survey: Survey) -> list[Place]:
+    return []
+
+
+#: Every op binding knows, in the order places are bound.
+BINDERS: tuple[Binder, ...] = (
+    Binder("rms_norm", _find_rms_norm, _bind_rms_norm),
+    Binder("swiglu", _find_swiglu, _bind_swiglu),
+    Binder("moe_experts", _find_experts, _bind_experts),
+    Binder("attention", _find_attention, _bind_attention),
+    Binder("rotary", _find_rotary, _bind_rotary),
+    Binder("cross_entropy", _find_head, _bind_cross_entropy, root=True, also=("load_balancing_loss",)),
+    Binder("load_balancing_loss", _find_nothing, _bind_load_balancing, root=True),
+)
+BY_OP: dict[str, Binder] = {b.op: b for b in BINDERS}
+
+
+def find_places(model: nn.Module) -> list[Place]:
+    """Every place in ``model`` where an op's kernel can be bound (user overrides marked ``foreign``)."""
+    survey = Survey(model)
+    places: list[Place] = []
+    for path, m in model.named_modules():
+        for b in BINDERS:
+            if not b.root:
+                places += b.find(path, m, survey)
+    for b in BINDERS:
+        if b.root:
+            places += b.find("", model, survey)
+    for p in places:
+        p.foreign = user_override(type(p.module), BY_OP[p.op].method)
+    return places

@@ -1,0 +1,125 @@
+"""Function surgery for binding: per-instance copies of library functions, and who wrote a method.
+
+Binding never mutates a module-level object. Where a transformers function calls a
+module-level helper (``apply_rotary_pos_emb``, the ``ALL_ATTENTION_FUNCTIONS`` table), the
+bound module runs a *copy* of that function whose globals name the plan's kernels.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Mapping
+from typing import Any
+
+#: Modules whose classes binding may replace methods of: transformers itself, and the
+#: ``trust_remote_code`` modules it loads (``transformers_modules.<repo>``).
+LIBRARY_PREFIXES = ("transformers.", "transformers_modules.")
+
+
+class RebindError(ValueError):
+    """A function cannot be copied with other globals."""
+
+
+def copy_with_globals(fn, overrides: Mapping[str, Any]):
+    """A copy of ``fn`` whose module globals are overridden: per instance, nothing shared.
+
+    A decorated function (``functools.wraps``: ``fn.__wrapped__`` is the function it wraps)
+    is copied layer by layer: the innermost function gets the new globals, and each wrapper
+    is copied with the closure cell that held the function below it pointing at the copy.
+    The decorators' own code (transformers' ``deprecate_kwarg``, say) still runs.
+    """
+    inner = getattr(fn, "__wrapped__", None)
+    if inner is None:
+        return _copy_plain(fn, overrides)
+    cells = fn.__closure__ or ()
+    held = [i for i, c in enumerate(cells) if _cell_contents(c) is inner]
+    if len(held) != 1:
+        raise RebindError(
+            f"{fn.__module__}.{fn.__qualname__} is wrapped by a decorator that does not keep the wrapped function "
+            "in its closure; veomni-ops cannot redirect the globals it calls"
+        )
+    new_inner = copy_with_globals(inner, overrides)
+    new_cells = tuple(types.CellType(new_inner) if i == held[0] else c for i, c in enumerate(cells))
+    new = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, new_cells)
+    new.__dict__.update(fn.__dict__)
+    new.__wrapped__ = new_inner
+    _copy_names(fn, new)
+    return new
+
+
+def innermost(fn):
+    """``fn`` with every ``functools.wraps`` layer removed."""
+    while getattr(fn, "__wrapped__", None) is not None:
+        fn = fn.__wrapped__
+    return fn
+
+
+def code_names(fn) -> set[str]:
+    """Global names the (innermost) function's code refers to."""
+    return set(innermost(fn).__code__.co_names)
+
+
+def function_globals(fn) -> dict[str, Any]:
+    return innermost(fn).__globals__
+
+
+def owner(cls: type, method: str) -> type | None:
+    """The class in ``cls``'s MRO that defines ``method`` (``None`` if none does)."""
+    for c in cls.__mro__:
+        if method in c.__dict__:
+            return c
+    return None
+
+
+def _is_library(c: type) -> bool:
+    return c.__module__.startswith(LIBRARY_PREFIXES) or c.__module__ == "transformers"
+
+
+def library_method(cls: type, method: str):
+    """``method`` as the nearest library class in ``cls``'s MRO defines it (a user's override
+    skipped), so that what a module *is* can be read even when a subclass changed it."""
+    for c in cls.__mro__:
+        if method in c.__dict__ and _is_library(c):
+            return c.__dict__[method]
+    return getattr(cls, method)
+
+
+def user_override(cls: type, method: str) -> str | None:
+    """If ``cls.method`` is written outside transformers (a user's subclass or model), its
+    qualified name, e.g. ``"my_pkg.models.MyQwen3.forward"``; ``None`` if transformers wrote it."""
+    c = owner(cls, method)
+    if c is None or c is object:
+        return None
+    if _is_library(c):
+        return None
+    return f"{c.__module__}.{c.__qualname__}.{method}"
+
+
+_EMPTY = object()
+
+
+def _cell_contents(cell) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return _EMPTY
+
+
+def _copy_names(src, dst) -> None:
+    dst.__module__ = src.__module__
+    dst.__kwdefaults__ = src.__kwdefaults__
+    dst.__qualname__ = src.__qualname__
+    dst.__doc__ = src.__doc__
+
+
+def _copy_plain(fn, overrides: Mapping[str, Any]):
+    g = dict(fn.__globals__)
+    g.update(overrides)
+    # No ``__name__``: torch._dynamo resolves the globals of a function whose globals carry a
+    # module name through that module (``sys.modules[__name__]``), which would read and guard
+    # transformers' own ALL_ATTENTION_FUNCTIONS instead of ours; without it dynamo guards this
+    # dict itself.
+    g.pop("__name__", None)
+    new = types.FunctionType(fn.__code__, g, fn.__name__, fn.__defaults__, fn.__closure__)
+    _copy_names(fn, new)
+    return new
