@@ -51,8 +51,10 @@ _WRAPPED = {
     ("cross_entropy", "fused_linear"): ("veomni_ops.kernels.cross_entropy", "fused_linear_cross_entropy_sum"),
     ("moe_experts", "standard"): ("veomni_ops.kernels.moe", "moe_experts_eager"),
     ("load_balancing_loss", "standard"): ("veomni_ops.kernels.load_balancing", "load_balancing_loss"),
-    ("attention", "standard"): ("veomni_ops.kernels.attention", "sdpa_attention"),
+    ("attention", "standard"): ("veomni_ops.kernels.attention", "eager_attention"),
 }
+#: What the wrapped kernels honour (eager attention honours every attention feature).
+_FEATURES = {"attention": ("softcap", "sinks", "sliding_window", "dropout")}
 
 
 def counting_plugin(counter: Counter, name: str = "counting", priority: int = 50) -> types.ModuleType:
@@ -78,7 +80,8 @@ def counting_plugin(counter: Counter, name: str = "counting", priority: int = 50
     for op, variant in _WRAPPED:
         hooks.setdefault(op, []).append(
             KernelSpec(name=name, op=op, variant=variant, factory=factory(op, variant), priority=priority,
-                       dtypes=("float32", "bfloat16", "float16", "float64"), description="counts calls, then eager")
+                       dtypes=("float32", "bfloat16", "float16", "float64"), description="counts calls, then eager",
+                       features=_FEATURES.get(op, ()))
         )
     return make_plugin(name, **hooks)
 

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .functions import code_names, function_globals, library_method, user_override
+from .functions import code_names, function_globals, innermost, library_method, user_override
 
 
 @dataclass
@@ -130,6 +130,8 @@ def _find_rms_norm(path: str, m: nn.Module, survey: Survey) -> list[Place]:
     eps = getattr(m, "variance_epsilon", getattr(m, "eps", None))
     if eps is None:
         return []
+    if user_override(type(m), "forward"):  # never bound: what it computes does not matter
+        return [Place("rms_norm", "standard", path, m, {"eps": float(eps)})]
     variant = _probe_rms_variant(m, float(eps))
     if variant is None:
         raise NotBindable(
@@ -217,6 +219,15 @@ def _attention_forward_names(m: nn.Module) -> set[str]:
         return set()
 
 
+def _forward_mentions(m: nn.Module, word: str) -> bool:
+    """Does the module's (library) forward name ``word``, as a global/attribute or a string?"""
+    try:
+        code = innermost(library_method(type(m), "forward")).__code__
+    except AttributeError:
+        return False
+    return word in code.co_names or word in code.co_consts
+
+
 def attention_features(m: nn.Module) -> frozenset[str]:
     """What an attention kernel must honour in this module: read from the module and its config."""
     cfg = getattr(m, "config", None)
@@ -225,9 +236,12 @@ def attention_features(m: nn.Module) -> frozenset[str]:
         out.add("softcap")
     if isinstance(getattr(m, "sinks", None), torch.Tensor):
         out.add("sinks")
-    window = getattr(m, "sliding_window", None) if hasattr(m, "sliding_window") else None
-    if window is None and "sliding_window" in _attention_forward_names(m) and not hasattr(m, "sliding_window"):
-        window = getattr(cfg, "sliding_window", None)  # Mistral passes config.sliding_window
+    if hasattr(m, "sliding_window"):
+        window = m.sliding_window
+    elif _forward_mentions(m, "sliding_window"):
+        window = getattr(cfg, "sliding_window", None)  # Mistral passes getattr(self.config, "sliding_window")
+    else:
+        window = None
     if window is not None:
         out.add("sliding_window")
     if float(getattr(m, "attention_dropout", 0.0) or 0.0) > 0.0:

@@ -119,6 +119,64 @@ def resolve_size(size: str | None) -> str:
         return "small"
 
 
+def check_compiles(registry: Registry, op: str, variant: str, name: str, dtype: str | None = None) -> str | None:
+    """Verify a ``supports_compile=True`` claim: the kernel under ``torch.compile(fullgraph=True)``
+    (backend ``aot_eager``: dynamo traces the forward, AOTAutograd the backward, which is where
+    graph breaks and untraceable ops show up) gives the uncompiled result, forward and backward,
+    on the op's first small case. Returns why it was not checked (a skip), ``None`` when it
+    passed; raises :class:`ConformanceFailure` when the claim is false."""
+    import torch
+
+    from .cases import TORCH_DTYPES, Builder, harness
+    from .runner import Unusable, _backward, _case_cotangents, _leaves, interpreter_active, prepare
+
+    try:
+        rk, fn, device = prepare(registry, op, variant, name)
+    except Unusable as e:
+        return f"cannot run here: {e}"
+    except LookupError as e:
+        raise ConformanceFailure(str(e)) from None
+    if not rk.spec.supports_compile:
+        return f"{name} declares supports_compile=False (nothing to verify)"
+    if interpreter_active():
+        return "TRITON_INTERPRET=1: the interpreter's launches are not what torch.compile traces on a GPU"
+    h = harness(op)
+    case = h.cases(variant, "small")[0]
+    dt = dtype or rk.spec.dtypes[0]
+
+    def run(call):
+        inputs = case.build(Builder(0, TORCH_DTYPES[dt], device))
+        leaves = _leaves(inputs, case.diff) if rk.spec.supports_backward else []
+        outs = call(inputs)
+        grads = []
+        if leaves:
+            _backward(outs, leaves, _case_cotangents(outs, [None] * len(outs), 0))
+            grads = [t.grad for _, t in leaves]
+        return outs, grads
+
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda inputs: h.call(fn, inputs, False), fullgraph=True, backend="aot_eager")
+    try:
+        got, got_grads = run(compiled)
+    except Exception as e:
+        raise ConformanceFailure(
+            f"{op}/{variant} {name!r} declares supports_compile=True but torch.compile(fullgraph=True) failed: "
+            f"{type(e).__name__}: {str(e)[:600]}. Fix the graph break, or declare supports_compile=False."
+        ) from e
+    want, want_grads = run(lambda inputs: h.call(fn, inputs, False))
+    for label, a, b in [*(("output", x, y) for x, y in zip(got, want)),
+                        *(("gradient", x, y) for x, y in zip(got_grads, want_grads))]:
+        if a is None or b is None:
+            if a is not b:
+                raise ConformanceFailure(f"{op}/{variant} {name!r}: a {label} is None in one of compiled/eager only")
+            continue
+        tol = rk.spec.tolerance(dt)
+        if not torch.allclose(a.float(), b.float(), atol=tol.atol, rtol=tol.rtol):
+            raise ConformanceFailure(f"{op}/{variant} {name!r}: compiled {label} differs from the uncompiled one "
+                                     f"(max |a-b| {(a.float() - b.float()).abs().max().item():.3g})")
+    return None
+
+
 def run_param(registry: Registry, p: CaseParam, *, size: str, seed: int) -> None:
     """Run one generated test: returns on a pass, ``pytest.skip`` where the kernel cannot run
     here (or refuses an optional input form), raises :class:`ConformanceFailure` otherwise."""
@@ -219,6 +277,18 @@ class ConformanceBase:
             missing = set(cls.variants) - {rk.spec.variant for rk in mine}
             if missing:
                 pytest.fail(f"{cls.kernel_name!r} does not register variant(s) {sorted(missing)} of {cls.op}")
+
+    def test_compiles(self) -> None:
+        """Every variant whose spec says ``supports_compile`` traces fullgraph, forward and backward."""
+        cls = type(self)
+        reg = registry_with(cls.plugins)
+        mine = [rk for rk in reg.for_op(cls.op) if rk.spec.name == cls.kernel_name
+                and (cls.variants is None or rk.spec.variant in cls.variants)]
+        if not mine:
+            pytest.skip(f"no kernel {cls.kernel_name!r} registered for {cls.op} (test_registered says why)")
+        skipped = [why for rk in mine if (why := check_compiles(reg, cls.op, rk.spec.variant, cls.kernel_name))]
+        if len(skipped) == len(mine):
+            pytest.skip("; ".join(skipped))
 
     def test_conformance(self, conformance_case: CaseParam | None, request: Any) -> None:
         cls = type(self)

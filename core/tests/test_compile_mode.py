@@ -1,0 +1,82 @@
+"""Compile mode: resolution takes only supports_compile kernels, plans print the mode, and the
+conformance kit verifies a supports_compile claim for real (fullgraph, forward and backward)."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import torch
+import veomni_ops
+from veomni_ops import KernelSpec, hookimpl
+from veomni_ops.backends import reference
+from veomni_ops.discovery import build_registry
+from veomni_ops.testing.conformance import ConformanceFailure, check_compiles
+
+
+def breaks_graph(gate, up):
+    if float(gate.sum()) > 1e30:  # a host sync on data: dynamo cannot trace this fullgraph
+        return gate
+    return torch.nn.functional.silu(gate) * up
+
+
+def traces(gate, up):
+    return torch.nn.functional.silu(gate) * up
+
+
+def _registry():
+    mod = types.ModuleType("compile_probe_specs")
+    sys.modules["compile_probe_specs"] = mod
+
+    @hookimpl
+    def swiglu():
+        return [
+            KernelSpec(name="liar", op="swiglu", variant="standard", factory=f"{__name__}:breaks_graph",
+                       supports_compile=True, priority=60, dtypes=("float32",)),
+            KernelSpec(name="honest", op="swiglu", variant="standard", factory=f"{__name__}:traces",
+                       supports_compile=True, priority=20, dtypes=("float32",)),
+            KernelSpec(name="opaque", op="swiglu", variant="standard", factory=f"{__name__}:traces",
+                       supports_compile=False, priority=70, dtypes=("float32",)),
+        ]
+
+    mod.swiglu = swiglu
+    return build_registry(modules=[("eager", reference), ("probe", mod)], include_entry_points=False, env={})
+
+
+def test_auto_in_compile_mode_passes_over_kernels_that_do_not_compile():
+    reg = _registry()
+    eager_plan = veomni_ops.resolve({}, "cpu", needs={"swiglu": ["standard"]}, registry=reg)
+    assert eager_plan.get("swiglu", "standard").kernel == "opaque"
+    assert "mode eager" in eager_plan.table()
+    plan = veomni_ops.resolve({}, "cpu", needs={"swiglu": ["standard"]}, registry=reg, compile=True)
+    e = plan.get("swiglu", "standard")
+    assert e.kernel == "liar"  # the claim is what resolution reads; the kit is what checks it
+    assert "opaque (does not run under torch.compile" in e.reason
+    assert "mode compile" in plan.table() and plan.to_dict()["mode"] == "compile"
+
+
+def test_named_kernel_that_does_not_compile_is_refused_in_compile_mode():
+    reg = _registry()
+    with pytest.raises(veomni_ops.ResolutionError) as ei:
+        veomni_ops.resolve({"swiglu_mlp_implementation": "opaque"}, "cpu", needs={"swiglu": ["standard"]},
+                           registry=reg, compile=True)
+    msg = str(ei.value)
+    assert "supports_compile=False" in msg and "compile mode" in msg
+    assert "liar" in msg and "honest" in msg  # what can be had instead
+
+
+def test_kit_catches_a_false_supports_compile_claim():
+    reg = _registry()
+    with pytest.raises(ConformanceFailure, match="supports_compile=True but torch.compile"):
+        check_compiles(reg, "swiglu", "standard", "liar")
+    assert check_compiles(reg, "swiglu", "standard", "honest") is None
+    assert "declares supports_compile=False" in check_compiles(reg, "swiglu", "standard", "opaque")
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "rotary", "swiglu", "attention", "load_balancing_loss"])
+def test_kit_verifies_the_reference_claims(op):
+    reg = build_registry(modules=[("eager", reference)], include_entry_points=False, env={})
+    for rk in reg.for_op(op):
+        if rk.spec.supports_compile:
+            assert check_compiles(reg, op, rk.spec.variant, rk.spec.name) is None
