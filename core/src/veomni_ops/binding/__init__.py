@@ -67,7 +67,7 @@ def survey(model: nn.Module) -> list[Place]:
     try:
         return find_places(model)
     except NotBindable as e:
-        raise BindingError(str(e)) from None
+        raise BindingError(f"{type(model).__name__}: {e} ({_version_hint()})") from None
 
 
 def needs_of(places: list[Place]) -> dict[str, list]:
@@ -161,7 +161,7 @@ def apply(
     if unplaced:
         raise BindingError(
             f"{type(model).__name__} has no place for: {', '.join(unplaced)}. The model has no module for that op "
-            "(or not in a form veomni-ops can bind); set the field to 'auto' or 'eager'."
+            f"(or not in a form veomni-ops can bind; {_version_hint()}); set the field to 'auto' or 'eager'."
         )
     if isinstance(config_or_plan, KernelPlan):
         plan = config_or_plan
