@@ -2,7 +2,8 @@
 
     veomni-ops plugins [--json]                      what is installed, loaded, usable here
     veomni-ops resolve CONFIG [--device D] [--json]  the plan a config gives on a device
-    veomni-ops train CONFIG [--compare OTHER]        the main job (see veomni_ops.train)
+    veomni-ops train CONFIG [--compare OTHER] [--baseline NAME]...
+                                                     the main job (see veomni_ops.train)
     veomni-ops check [--backend NAME] [--op OP]      every usable kernel against the reference
     veomni-ops bench [--op OP] [--preset NAME]       every usable kernel against eager, timed
 
@@ -129,10 +130,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         from .binding import BindingError
-        from .train import TrainConfigError
 
-        refusals += (BindingError, TrainConfigError)
+        refusals += (BindingError,)
     except ImportError:  # binding needs torch; the listing commands do not
+        pass
+    try:
+        from .train import RunFailed, TrainConfigError
+
+        refusals += (RunFailed, TrainConfigError)
+    except ImportError:
         pass
     try:
         return int(args.func(args) or 0)
