@@ -332,3 +332,40 @@ def test_the_eager_kernel_itself_is_held_to_its_tolerance(no_ulp):
     rep = run_checks(reference_registry(("tight", tight)), backend="tight_eager", device="cpu", seed=3)
     [k] = rep.kernels
     assert k.status == "fail" and all(r.baseline is None for r in k.results)
+
+
+def test_float32_gets_no_allowance_from_eager_in_the_same_dtype(capsys, no_ulp):
+    # Identical to eager in float32, so exactly "within 2x of eager's own error": the allowance
+    # is for 16-bit dtypes only, a float32 result must meet its spec's tolerance.
+    tight32 = make_plugin("tight32", swiglu=[
+        _sw("like_eager32", _eager_like, dtypes=("float32",), tolerances={"float32": Tolerance(1e-9, 1e-9)})])
+    rep = run_checks(reference_registry(("tight32", tight32)), backend="like_eager32", device="cpu", seed=3)
+    [k] = rep.kernels
+    assert k.status == "fail"
+    assert all(r.baseline is None and "eager in" not in r.message for r in k.results if r.status == "fail")
+    assert any("outside tolerance (atol=1e-09, rtol=1e-09 for float32)" in r.message for r in k.results)
+
+
+# --- mixed dtypes: a float32 norm weight with 16-bit activations ---------------------------
+def _rms_promoting(hidden_states, weight, eps):
+    # Right values, but ``weight * x̂`` promotes: a float32 weight turns a bfloat16 input's
+    # output into float32, where the contract keeps the input dtype.
+    x = hidden_states.float()
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(hidden_states.dtype)
+
+
+def test_rms_norm_with_a_float32_weight_must_keep_the_input_dtype():
+    promoting = make_plugin("promoting", rms_norm=[
+        KernelSpec(name="promoting", op="rms_norm", variant="standard", factory=lambda: _rms_promoting,
+                   dtypes=("float32", "bfloat16"))])
+    rep = run_checks(reference_registry(("promoting", promoting)), backend="promoting", device="cpu")
+    [k] = rep.kernels
+    assert k.status == "fail"
+    bad = [r for r in k.results if r.status == "fail"]
+    # only the mixed case in bfloat16 fails, and for the dtype; everything else is right
+    assert [(r.case, r.dtype) for r in bad] == [("fp32-weight-6x40", "bfloat16")]
+    assert "out has dtype float32, the contract says bfloat16" in bad[0].message
+    # the core's eager kernels keep the input dtype (and pass the mixed case, in both variants)
+    eager = run_checks(reference_registry(), backend="eager", op="rms_norm", device="cpu")
+    mixed = [r for k in eager.kernels for r in k.results if r.case.startswith("fp32-weight")]
+    assert len(mixed) == 2 * 4 and all(r.status == "pass" for r in mixed)

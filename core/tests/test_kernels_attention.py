@@ -292,3 +292,102 @@ def test_eager_attention_sinks_match_float64(dtype):
     big, _ = eager_attention(mod, q.detach(), k.detach(), v.detach(), causal.to(dtype), scaling=0.3,
                              s_aux=torch.full((4,), 30.0, dtype=dtype))
     assert big.abs().max() < 1e-6
+
+
+# --- packing arguments: honoured (as a block-diagonal mask) or refused, never ignored ------
+PACKED_POS = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 0, 1]])  # documents of 3, 4 and 2 tokens in one row
+PACKED_CU = torch.tensor([0, 3, 7, 9], dtype=torch.int32)
+
+
+def _check_packed(kernel, out, q, k, v, ok, dtype):
+    gy = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), gy)
+    ins64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    out64 = ref64(*ins64, ok, q.shape[-1] ** -0.5)
+    grads64 = torch.autograd.grad(out64, ins64, gy.double())
+    tol = spec(kernel).tolerance(str(dtype))
+    torch.testing.assert_close(out.double(), out64, rtol=tol.rtol, atol=tol.atol)
+    for what, g, g64 in zip("qkv", grads, grads64):
+        torch.testing.assert_close(g.double(), g64, rtol=tol.rtol, atol=tol.atol, msg=f"grad {what}")
+
+
+@pytest.mark.parametrize("kernel", ["eager", "sdpa"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("form", ["cu_seq_lens", "cu_seq_lens+max_length", "position_ids", "cu+4d-mask"])
+def test_packed_sequences_are_honoured(kernel, dtype, form):
+    hq, hk, s, d = 4, 2, 9, 8
+    q, k, v = qkv(1, hq, hk, s, d, dtype, seed=11)
+    segments = torch.cumsum(PACKED_POS == 0, dim=1)
+    ok = allowed(1, s, s, True, segments=segments)
+    mask, kw = None, {}
+    if form.startswith("cu"):
+        kw = {"cu_seq_lens_q": PACKED_CU, "cu_seq_lens_k": PACKED_CU}
+        if form.endswith("max_length"):
+            kw.update(max_length_q=4, max_length_k=4)
+    if form == "cu+4d-mask":
+        # a causal mask that does not know the packing: the kernel ANDs the documents into it
+        mask = torch.ones(s, s, dtype=torch.bool).tril()[None, None]
+    if form == "position_ids":
+        kw = {"position_ids": PACKED_POS}
+    out, _ = KERNELS[kernel](Attn(hq, hk, d), q, k, v, mask, scaling=d**-0.5, **kw)
+    _check_packed(kernel, out, q, k, v, ok, dtype)
+
+
+@pytest.mark.parametrize("kernel", ["eager", "sdpa"])
+def test_packed_position_ids_per_row_with_a_window_and_cache_of_the_restart_check(kernel, monkeypatch):
+    from veomni_ops.kernels import attention as A
+
+    b, hq, hk, s, d = 2, 2, 1, 7, 8
+    q, k, v = qkv(b, hq, hk, s, d, torch.float32, seed=5)
+    pos = torch.tensor([[0, 1, 2, 0, 1, 2, 3], [0, 1, 2, 3, 4, 0, 1]])
+    segments = torch.cumsum(pos == 0, dim=1)
+    ok = allowed(b, s, s, True, window=2, segments=segments)
+    calls = []
+    real = A._restarts
+    monkeypatch.setattr(A, "_restarts", lambda p: calls.append(1) or real(p))
+    out, _ = KERNELS[kernel](Attn(hq, hk, d), q, k, v, None, scaling=d**-0.5, sliding_window=2, position_ids=pos)
+    _check_packed(kernel, out, q, k, v, ok, torch.float32)
+    # unpacked position ids (one document per row) change nothing: same result as without them
+    plain = torch.arange(s)[None].expand(b, s)
+    got, _ = KERNELS[kernel](Attn(hq, hk, d), q, k, v, None, scaling=d**-0.5, position_ids=plain)
+    want, _ = KERNELS[kernel](Attn(hq, hk, d), q, k, v, None, scaling=d**-0.5)
+    assert torch.equal(got, want)
+    # the restart check runs once per position_ids tensor (the layers of a forward share it)
+    n = len(A._RESTARTS)
+    KERNELS[kernel](Attn(hq, hk, d), q, k, v, None, scaling=d**-0.5, position_ids=plain)
+    assert len(A._RESTARTS) == n and len(calls) == 3
+    # multimodal [3, B, S] positions carry no packing
+    got, _ = KERNELS[kernel](Attn(hq, hk, d), q, k, v, None, scaling=d**-0.5, position_ids=plain[None].expand(3, b, s))
+    assert torch.equal(got, want)
+
+
+def test_restart_check_is_cached_per_tensor_and_version():
+    from veomni_ops.kernels.attention import _restarts
+
+    pos = torch.arange(6)[None].clone()
+    assert _restarts(pos) is False
+    pos[0, 3] = 0  # in place: a new version, checked again
+    assert _restarts(pos) is True
+    assert _restarts(torch.tensor([[0, 1, 0]])) is True
+
+
+@pytest.mark.parametrize("kernel", ["eager", "sdpa"])
+@pytest.mark.parametrize("kw, match", [
+    ({"max_length_q": 4}, r"max_length_q is given without cu_seq_lens_q.*flash_attention_2/3/4"),
+    ({"max_length_k": 4, "cu_seq_lens_q": PACKED_CU}, r"max_length_k is given without cu_seq_lens_k"),
+    ({"cu_seq_lens_q": PACKED_CU}, r"cu_seq_lens_q is given without cu_seq_lens_k.*flash_attention_2/3/4"),
+    ({"cu_seq_lens_q": PACKED_CU, "cu_seq_lens_k": torch.tensor([0, 3, 9])}, r"3 documents, cu_seq_lens_k 2"),
+    ({"cu_seq_lens_q": torch.tensor([0, 3, 8]), "cu_seq_lens_k": PACKED_CU}, r"cu_seq_lens_q = \[0, 3, 8\].*end at"),
+    ({"cu_seq_lens_q": PACKED_CU.float(), "cu_seq_lens_k": PACKED_CU}, r"cu_seq_lens_q has dtype torch.float32"),
+])
+def test_packing_arguments_refused_name_the_argument(kernel, kw, match):
+    q, k, v = qkv(1, 2, 1, 9, 8, torch.float32, seed=1)
+    with pytest.raises((ValueError, TypeError), match=match):
+        KERNELS[kernel](Attn(2, 1, 8), q, k, v, None, scaling=8**-0.5, **kw)
+
+
+def test_cu_seq_lens_need_a_batch_of_one_row():
+    q, k, v = qkv(2, 2, 1, 9, 8, torch.float32, seed=1)
+    for fn in KERNELS.values():
+        with pytest.raises(ValueError, match=r"cu_seq_lens_q/k describe a packed batch of one row.*batch size 2"):
+            fn(Attn(2, 1, 8), q, k, v, None, cu_seq_lens_q=PACKED_CU, cu_seq_lens_k=PACKED_CU)

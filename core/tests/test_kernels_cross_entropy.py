@@ -276,3 +276,40 @@ def test_errors():
             fn(h, w, torch.zeros(4))
     with pytest.raises(ValueError, match="chunk_size"):
         chunked_fused_linear_cross_entropy_sum(h, w, torch.zeros(4, dtype=torch.long), chunk_size=0)
+
+
+# ----------------------------------------------------------------------------- label range
+
+
+@pytest.mark.parametrize("bad", [10, -1, 1 << 33])
+def test_labels_outside_the_vocabulary_raise_naming_the_op_and_label(bad):
+    h, w = torch.randn(4, 8), torch.randn(10, 8)
+    labels = torch.tensor([0, -100, bad, 9])
+    msg = rf"^cross_entropy: labels holds {bad}, outside \[0, 10\) \(the vocabulary size V = 10\); every entry other than ignore_index=-100"
+    with pytest.raises(ValueError, match=msg):
+        cross_entropy_sum(torch.randn(4, 10), labels)
+    for fn in FUSED.values():
+        with pytest.raises(ValueError, match=msg):
+            fn(h, w, labels)
+    # ignore_index is exempt, whatever its value; a real class id as ignore_index still counts as one
+    assert torch.isfinite(cross_entropy_sum(torch.randn(4, 10), torch.tensor([0, 77, 77, 9]), ignore_index=77))
+    with pytest.raises(ValueError, match="labels holds -100"):
+        cross_entropy_sum(torch.randn(4, 10), torch.tensor([0, -100, 3, 9]), ignore_index=3)
+
+
+def test_label_check_costs_one_reduction_and_is_skipped_on_accelerators_unless_asked(monkeypatch):
+    from veomni_ops.kernels import checks
+    from veomni_ops.kernels import cross_entropy as CE
+
+    calls = []
+    real = torch.aminmax
+    monkeypatch.setattr(torch, "aminmax", lambda x: calls.append(x.shape) or real(x))
+    cross_entropy_sum(torch.randn(6, 10), torch.tensor([1, 2, -100, 3, 4, 5]))
+    assert calls == [(6,)]  # one reduction over the labels
+    # on an accelerator (pretend: can_read_values as it answers for a non-CPU tensor) nothing is read
+    monkeypatch.setattr(CE, "can_read_values", lambda x: checks.value_checks_on())
+    calls.clear()
+    CE.check_label_values(torch.tensor([1, 50]), 10, -100)
+    assert calls == []
+    with checks.value_checks(), pytest.raises(ValueError, match="labels holds 50"):
+        CE.check_label_values(torch.tensor([1, 50]), 10, -100)

@@ -99,3 +99,17 @@ def test_errors():
         load_balancing_loss([gl[0], gl[1][:5]], 4, 2)
     with pytest.raises(ValueError, match="attention_mask"):
         load_balancing_loss(gl, 4, 2, torch.ones(2, 4))
+
+
+@pytest.mark.parametrize("case", ["all-masked", "zero-tokens", "zero-tokens-with-mask"])
+def test_no_token_counted_gives_zero_not_nan(case):
+    # transformers divides 0 by 0 here (NaN); the contract's value is 0 with zero gradients
+    if case == "all-masked":
+        gl, mask = layers(3, 8, 4, seed=6), torch.zeros(2, 4, dtype=torch.long)
+    else:
+        gl = layers(2, 0, 4, seed=6)
+        mask = torch.zeros(0, 3, dtype=torch.long) if case.endswith("mask") else None
+    loss = load_balancing_loss(gl, 4, 2, mask)
+    assert loss.item() == 0.0
+    grads = torch.autograd.grad(loss, gl)
+    assert all(torch.isfinite(g).all() and not g.any() for g in grads)

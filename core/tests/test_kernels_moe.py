@@ -190,3 +190,63 @@ def test_grouped_mm_no_tokens():
     assert out.shape == (0, 8)
     gu_grad, dn_grad = torch.autograd.grad(out.sum(), (gate_up, down))
     assert torch.count_nonzero(gu_grad) == 0 and torch.count_nonzero(dn_grad) == 0
+
+
+# --- expert indices outside [0, E): -1 and E route nowhere, anything else is an error --------
+@pytest.mark.parametrize("kernel,dtype", [("eager", torch.float32), ("eager", torch.bfloat16),
+                                          ("grouped_mm", torch.bfloat16)], ids=str)
+def test_sentinel_routes_minus_one_and_e_contribute_zero(kernel, dtype):
+    x, idx, w, gate_up, down = make(12, 16, 8, 4, 2, dtype, seed=8)
+    routed = idx.clone()
+    routed[::3, 1] = 4  # E: transformers' expert-parallel sentinel
+    routed[1::4, 0] = -1  # -1: an EP dispatcher's "no expert on this rank"
+    keep = (routed >= 0) & (routed < 4)
+    out = KERNELS[kernel](x, routed, w, gate_up, down)
+    assert torch.isfinite(out).all()
+    expected = ref64(x, idx, w * keep, gate_up, down)
+    assert_within(out, expected.detach(), spec(kernel).tolerance(str(dtype)), f"{kernel} sentinels")
+    gx, gw = torch.autograd.grad(out.float().sum(), (x, w))
+    assert torch.isfinite(gx).all() and (gw[~keep] == 0).all()
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
+@pytest.mark.parametrize("bad", [5, -2, 1 << 40])
+def test_other_out_of_range_indices_raise_naming_op_index_and_e(kernel, bad):
+    x, idx, w, gate_up, down = make(6, 16, 8, 4, 2, torch.bfloat16, seed=9)
+    idx = idx.clone()
+    idx[0, 1] = 4  # a sentinel beside the bad index: allowed
+    idx[4, 0] = bad
+    with pytest.raises(ValueError, match=rf"^moe_experts: top_k_index holds {bad}, outside \[0, 4\) for E = 4"):
+        KERNELS[kernel](x, idx, w, gate_up, down)
+
+
+def test_index_check_policy(monkeypatch):
+    from veomni_ops.kernels import checks
+    from veomni_ops.kernels import moe as M
+
+    idx = torch.tensor([[0, 7]])
+    # kernels that synchronise anyway always read the values
+    with pytest.raises(ValueError, match="holds 7"):
+        M.check_expert_index(idx, 4, always=True)
+    # an accelerator tensor (pretend): without the switch the rule is asserted on the device,
+    # with VEOMNI_OPS_CHECK_VALUES=1 (value_checks) the values are read and the error is exact
+    monkeypatch.setattr(M, "can_read_values", lambda x: checks.value_checks_on())
+    asserted = []
+    monkeypatch.setattr(M, "device_assert", lambda ok, msg: asserted.append((bool(ok), msg)))
+    M.check_expert_index(idx, 4)
+    assert asserted == [(False, M._index_message("moe_experts", None, 4))]
+    with checks.value_checks():
+        with pytest.raises(ValueError, match="holds 7"):
+            M.check_expert_index(idx, 4, backend="x")
+    assert not checks.value_checks_on()
+
+
+def test_grouped_mm_compiles_with_the_index_rule():
+    x, idx, w, gate_up, down = make(6, 16, 8, 4, 2, torch.bfloat16, seed=10)
+    fn = torch.compile(moe_experts_grouped_mm, fullgraph=True, backend="aot_eager")
+    sentinel = idx.clone()
+    sentinel[2, 0] = 4
+    torch.testing.assert_close(fn(x, sentinel, w, gate_up, down), moe_experts_grouped_mm(x, sentinel, w, gate_up, down))
+    sentinel[3, 1] = 6
+    with pytest.raises(RuntimeError, match=r"top_k_index holds an index, outside \[0, 4\) for E = 4"):
+        fn(x, sentinel, w, gate_up, down)

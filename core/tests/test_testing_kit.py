@@ -165,12 +165,27 @@ def test_small_inputs_build_as_described(op):
                 tb = b[name] if isinstance(b[name], list) else [b[name]]
                 tc = c[name] if isinstance(c[name], list) else [c[name]]
                 for x, y, z in zip(ta, tb, tc):
-                    assert x.dtype == torch.bfloat16
+                    # the case dtype, except a mixed-precision case's float32 norm weight
+                    mixed = case.name.startswith("fp32-weight") and name == "weight"
+                    assert x.dtype == (torch.float32 if mixed else torch.bfloat16), (op, case.name, name)
                     assert torch.equal(x, y), (op, case.name, name)  # same seed, same values
                     assert not torch.equal(x, z), (op, case.name, name)  # fresh values per seed
             # what the name promises about layout holds
             if any(k in case.name for k in ("strided", "bshd-view", "gate-up-halves")):
                 assert any(not t.is_contiguous() for t in a.values() if isinstance(t, torch.Tensor)), case.name
+
+
+def test_rms_norm_has_a_mixed_dtype_case_in_each_size():
+    # a float32 weight with 16-bit activations; in float32/float64 runs the weight has the case dtype
+    for variant in OPS["rms_norm"]:
+        for size in ("small", "full"):
+            mixed = [c for c in harness("rms_norm").cases(variant, size) if c.name.startswith("fp32-weight")]
+            assert len(mixed) == 1, (variant, size)
+    case = next(c for c in harness("rms_norm").cases("standard", "small") if c.name.startswith("fp32-weight"))
+    for dtype, weight in ((torch.bfloat16, torch.float32), (torch.float16, torch.float32),
+                          (torch.float32, torch.float32), (torch.float64, torch.float64)):
+        inp = case.build(Builder(0, dtype, "cpu"))
+        assert inp["hidden_states"].dtype == dtype and inp["weight"].dtype == weight
 
 
 def test_rotary_partial_rotates_fewer_channels():

@@ -55,6 +55,9 @@ FIXTURES = (
     "vo-duplicate",
     "vo-wrong-device",
     "vo-invalid-spec",
+    "vo-future-api",
+    "vo-squatter",
+    "vo-broken-kernel",
 )
 
 _IGNORE = shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".nox", "*.pyc")

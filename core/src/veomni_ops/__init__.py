@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 from .config import ConfigError, OpsConfig
 from .device import DeviceInfo, current_device, parse_device
 from .discovery import PluginLoadError, build_registry, discover
-from .hookspecs import hookimpl, hookspec
+from .hookspecs import PLUGIN_API_VERSION, hookimpl, hookspec
 from .plan import KernelPlan, PlanEntry
-from .registry import DuplicateKernelError, LoadFailure, Registry
+from .registry import ContestedNameError, DuplicateKernelError, LoadFailure, Registry
 from .resolve import ResolutionError, resolve
 from .spec import OPS, HardwareRequirement, KernelSpec, SpecError, Tolerance
 
@@ -23,7 +23,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "OPS",
+    "PLUGIN_API_VERSION",
     "ConfigError",
+    "ContestedNameError",
     "DeviceInfo",
     "DuplicateKernelError",
     "HardwareRequirement",

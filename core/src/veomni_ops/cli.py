@@ -31,13 +31,14 @@ EXTERNAL_COMMANDS = {
 def _cmd_plugins(args: argparse.Namespace) -> int:
     from .device import current_device
     from .discovery import discover
-    from .resolve import static_problem
+    from .resolve import kernel_problem
 
     reg = discover()
     dev = current_device(args.device)
     kernels = []
     for rk in reg:
-        why = static_problem(rk.spec, dev, training=False)
+        # Checks and, on this machine's device, an import of its kernel: one that fails is not usable.
+        why = kernel_problem(rk, dev, training=False, registry=reg)
         kernels.append({**rk.spec.to_dict(), "distribution": rk.provenance.distribution,
                         "version": rk.provenance.version, "usable": why is None, "why_not": why or ""})
     if args.json:

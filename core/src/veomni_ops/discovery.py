@@ -6,12 +6,23 @@ raises in a hook, implements a hook that does not exist or returns an invalid sp
 a :class:`~veomni_ops.registry.LoadFailure` and the others go on. Resolution later
 explains such failures; ``VEOMNI_OPS_STRICT=1`` makes any of them fatal here.
 
+Plugin API. A spec module declares the plugin API versions it was built for
+(``VEOMNI_OPS_PLUGIN_API = ">=1.0,<2"``, see :data:`~veomni_ops.hookspecs.PLUGIN_API_ATTR`).
+Outside the range the core provides (:data:`~veomni_ops.hookspecs.PLUGIN_API_VERSION`), the
+plugin is a load failure at phase ``api`` naming both versions and what to upgrade; a plugin
+that declares nothing loads, with a warning on its record.
+
+Names. Two distributions registering one kernel name for an op both load; the name is
+*contested* and recorded as a warning on both records (see :mod:`veomni_ops.registry`).
+
 Environment switches (comma-separated entry-point or distribution names):
 
 ``VEOMNI_OPS_PLUGINS``  allowlist; unset = all plugins, empty = none. The core's own
-                        reference backend is always loaded.
-``VEOMNI_OPS_DISABLE``  denylist.
-``VEOMNI_OPS_STRICT``   ``1``: any load failure raises :class:`PluginLoadError`.
+                        reference backend is always loaded. A name that matches no installed
+                        plugin is a warning that lists the installed ones.
+``VEOMNI_OPS_DISABLE``  denylist (a name matching nothing installed: the same warning).
+``VEOMNI_OPS_STRICT``   ``1``: any load failure raises :class:`PluginLoadError`, and so does
+                        a kernel whose module fails to import when resolution imports it.
 ``VEOMNI_OPS_TRACE``    ``1``: log every plugin load and hook call (logger ``veomni_ops``).
 """
 
@@ -28,13 +39,20 @@ from typing import Any
 
 import pluggy
 
-from .hookspecs import ENTRY_POINT_GROUP, PROJECT, OpHookspecs
-from .registry import LoadFailure, PluginRecord, Provenance, Registry
+from .hookspecs import (
+    ENTRY_POINT_GROUP,
+    PLUGIN_API_ATTR,
+    PLUGIN_API_VERSION,
+    PROJECT,
+    OpHookspecs,
+    PluginAPIError,
+    api_range_problem,
+)
+from .registry import CORE_DISTRIBUTION, LoadFailure, PluginRecord, Provenance, Registry
 from .spec import OPS
 
 log = logging.getLogger("veomni_ops")
 
-CORE_DISTRIBUTION = "veomni-ops"
 ENV_ALLOW = "VEOMNI_OPS_PLUGINS"
 ENV_DENY = "VEOMNI_OPS_DISABLE"
 ENV_STRICT = "VEOMNI_OPS_STRICT"
@@ -53,15 +71,25 @@ def _truthy(v: str | None) -> bool:
     return (v or "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def strict_mode(env: dict[str, str] | None = None) -> bool:
+    """Is ``VEOMNI_OPS_STRICT`` on (in ``env``, default the process environment)?"""
+    return _truthy((os.environ if env is None else env).get(ENV_STRICT))
+
+
 def _names(v: str) -> set[str]:
     return {n.strip().lower().replace("_", "-") for n in v.split(",") if n.strip()}
+
+
+def _ids(prov: Provenance) -> set[str]:
+    """The names the switches match for this plugin: entry point and distribution."""
+    return {prov.entry_point.lower().replace("_", "-"), prov.distribution.lower().replace("_", "-")}
 
 
 def _selected(prov: Provenance, env: dict[str, str]) -> tuple[bool, str]:
     """Whether the allow/deny lists let this plugin load, and why not."""
     if prov.distribution == CORE_DISTRIBUTION:
         return True, ""
-    ids = {prov.entry_point.lower().replace("_", "-"), prov.distribution.lower().replace("_", "-")}
+    ids = _ids(prov)
     if ENV_ALLOW in env:
         allow = _names(env[ENV_ALLOW])
         if not ids & allow:
@@ -78,6 +106,30 @@ class _Source:
     def __init__(self, provenance: Provenance, load: Any):
         self.provenance = provenance
         self.load = load
+
+
+def _switch_notes(sources: Sequence[_Source], env: dict[str, str]) -> list[str]:
+    """Warnings for allow/deny list entries that match no installed plugin (a typo, or a
+    plugin that is not installed: the user asked for something that cannot happen)."""
+    known: set[str] = {CORE_DISTRIBUTION, "eager"}
+    for src in sources:
+        known |= _ids(src.provenance)
+    installed = ", ".join(
+        sorted({f"{s.provenance.entry_point} ({s.provenance.distribution})" for s in sources
+                if s.provenance.distribution != CORE_DISTRIBUTION})
+    ) or "none"
+    notes = []
+    for var in (ENV_ALLOW, ENV_DENY):
+        if var not in env:
+            continue
+        unknown = sorted(_names(env[var]) - known)
+        if unknown:
+            what = "is" if len(unknown) == 1 else "are"
+            notes.append(
+                f"{var}={env[var]!r} names {', '.join(unknown)}, which {what} not an installed plugin (entry point or "
+                f"distribution); installed plugins: {installed}"
+            )
+    return notes
 
 
 def _entry_point_sources() -> list[_Source]:
@@ -118,6 +170,9 @@ def build_registry(
     for name, mod in modules or ():
         sources.append(_Source(Provenance(name, "local", name), (lambda m=mod: m)))
 
+    for note in _switch_notes(sources, env):
+        reg.notes.append(note)
+        log.warning("veomni_ops: %s", note)
     for src in sources:
         prov = src.provenance
         ok, why = _selected(prov, env)
@@ -126,7 +181,7 @@ def build_registry(
             if trace:
                 log.info("veomni_ops: skip %s: %s", prov, why)
             continue
-        failure, kernels = _load_one(src, reg, trace)
+        failure, kernels, warnings = _load_one(src, reg, trace)
         if failure is not None:
             reg.failures.append(failure)
             reg.plugins.append(PluginRecord(prov, "failed", failure.message, phase=failure.phase))
@@ -137,21 +192,82 @@ def build_registry(
                     f"uninstall the plugin, or disable it with {ENV_DENY}={prov.entry_point})"
                 ) from failure.error
         else:
-            reg.plugins.append(PluginRecord(prov, "loaded", "", tuple(k.key for k in kernels)))
+            for w in warnings:
+                reg.notes.append(f"plugin {prov}: {w}")
+                log.warning("veomni_ops: plugin %s: %s", prov, w)
+            reg.plugins.append(PluginRecord(prov, "loaded", "; ".join(warnings), tuple(k.key for k in kernels),
+                                            warnings=tuple(warnings)))
+    _record_contests(reg)
     reg.discovery_seconds = time.perf_counter() - t0
     return reg
 
 
+def _record_contests(reg: Registry) -> None:
+    """Every contested kernel name is a warning, on the registry and on each plugin involved."""
+    extra: dict[Provenance, list[str]] = {}
+    for (op, name), provs in reg.contested().items():
+        msg = reg.contest_message(op, name)
+        reg.notes.append(msg)
+        log.warning("veomni_ops: %s", msg)
+        for p in provs:
+            extra.setdefault(p, []).append(msg)
+    if not extra:
+        return
+    for i, rec in enumerate(reg.plugins):
+        if rec.status == "loaded" and rec.provenance in extra:
+            ws = rec.warnings + tuple(extra[rec.provenance])
+            reg.plugins[i] = PluginRecord(rec.provenance, rec.status, "; ".join(ws), rec.kernels, rec.phase, ws)
+
+
+def _api_check(prov: Provenance, module: Any) -> tuple[LoadFailure | None, list[str]]:
+    """The plugin API range the module declares, against the one this core provides."""
+    where = getattr(module, "__name__", None) or prov.entry_point
+    declared = getattr(module, PLUGIN_API_ATTR, None)
+    if declared is None:
+        if prov.distribution == CORE_DISTRIBUTION:
+            return None, []
+        return None, [
+            f"declares no plugin API range ({PLUGIN_API_ATTR} in {where}); loaded as if built for plugin API "
+            f"{PLUGIN_API_VERSION}, the one this veomni-ops provides. Its authors should add "
+            f"{PLUGIN_API_ATTR} = \">={PLUGIN_API_VERSION},<{int(PLUGIN_API_VERSION.split('.')[0]) + 1}\""
+        ]
+    try:
+        problem = api_range_problem(declared)
+    except PluginAPIError as e:
+        return LoadFailure(prov, "api", PluginAPIError(f"{where}: {e}")), []
+    if problem is None:
+        return None, []
+    side, _ = problem
+    from . import __version__ as core_version
+
+    built = (f"{prov.distribution} {prov.version} was built for veomni-ops plugin API {declared.strip()} "
+             f"({PLUGIN_API_ATTR} in {where}), but this veomni-ops {core_version} provides plugin API "
+             f"{PLUGIN_API_VERSION}")
+    if side == "core":
+        fix = (f"upgrade veomni-ops to a release whose plugin API is in {declared.strip()} "
+               f"(pip install -U veomni-ops), or install a release of {prov.distribution} built for plugin API "
+               f"{PLUGIN_API_VERSION}")
+    else:
+        fix = (f"upgrade {prov.distribution} to a release built for plugin API {PLUGIN_API_VERSION} "
+               f"(pip install -U {prov.distribution}), or install a veomni-ops whose plugin API is in "
+               f"{declared.strip()}")
+    return LoadFailure(prov, "api", PluginAPIError(f"{built}: {fix}")), []
+
+
 def _load_one(src: _Source, reg: Registry, trace: bool):
+    """``(failure, kernels added, warnings)`` for one plugin."""
     prov = src.provenance
     try:
         module = src.load()
     except BaseException as e:  # noqa: BLE001 - a plugin's import may raise anything
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
             raise
-        return LoadFailure(prov, "import", e), []
+        return LoadFailure(prov, "import", e), [], []
     if trace:
         log.info("veomni_ops: loaded %s from %s", prov.entry_point, getattr(module, "__name__", module))
+    failure, warnings = _api_check(prov, module)
+    if failure is not None:
+        return failure, [], []
 
     # One plugin manager per plugin: check_pending() then blames exactly this plugin.
     pm = pluggy.PluginManager(PROJECT)
@@ -163,7 +279,7 @@ def _load_one(src: _Source, reg: Registry, trace: bool):
         known = ", ".join(OPS)
         err = PluginHookError(f"{e} (the hooks a backend may implement are: {known})")
         err.__cause__ = e
-        return LoadFailure(prov, "hooks", err), []
+        return LoadFailure(prov, "hooks", err), [], []
 
     specs = []
     for op in OPS:
@@ -174,18 +290,18 @@ def _load_one(src: _Source, reg: Registry, trace: bool):
                 result = impl.function()
                 got = list(result or ())
             except Exception as e:
-                return LoadFailure(prov, f"hook:{op}", e), []
+                return LoadFailure(prov, f"hook:{op}", e), [], []
             for s in got:
                 if getattr(s, "op", op) != op:
                     return LoadFailure(
                         prov, f"hook:{op}", ValueError(f"hook {op}() returned a spec for op {s.op!r} ({s.name!r})")
-                    ), []
+                    ), [], []
             specs.extend(got)
     try:
         added = reg.add_all(specs, prov)
     except Exception as e:
-        return LoadFailure(prov, "validate", e), []
-    return None, added
+        return LoadFailure(prov, "validate", e), [], []
+    return None, added, warnings
 
 
 _lock = threading.Lock()

@@ -1,6 +1,15 @@
 """The registry: every validated kernel spec, with provenance, and every plugin that failed.
 
 Built by :mod:`veomni_ops.discovery`; read by resolution and the CLI. Immutable once built.
+
+Names. A kernel is identified by ``(op, variant, name)`` *and* the distribution that registers
+it. Two distributions may register the same name for an op: neither plugin fails, every
+kernel of both registers, and the name is *contested* for that op. A config then cannot use
+the bare name (resolution refuses it, naming both distributions); it writes the name
+qualified by its distribution, ``liger@veomni-liger`` (:data:`~veomni_ops.spec.QUALIFIER`).
+So no installed package can take a name from another silently. One distribution registering
+one ``(op, variant, name)`` twice (in one entry point or in two) is still a load failure
+(:class:`DuplicateKernelError`): a qualified name could not tell those apart.
 """
 
 from __future__ import annotations
@@ -9,11 +18,32 @@ import traceback
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from .spec import OPS, KernelSpec
+from .spec import OPS, KernelSpec, canonical_distribution, qualified_name, split_name
+
+#: The core's own distribution, and ours: under ``auto``, among kernels of equal priority the
+#: core's come first, then these, then everyone else's (see :func:`origin_rank`).
+CORE_DISTRIBUTION = "veomni-ops"
+FIRST_PARTY_DISTRIBUTIONS = ("veomni-liger", "veomni-triton", "veomni-quack", "veomni-npu", "veomni-flash")
+
+
+def origin_rank(distribution: str) -> int:
+    """0 for the core, 1 for our first-party backends, 2 for every other distribution."""
+    d = canonical_distribution(distribution)
+    if d == CORE_DISTRIBUTION:
+        return 0
+    return 1 if d in FIRST_PARTY_DISTRIBUTIONS else 2
+
+
+ORIGINS = ("the core (veomni-ops)", "first-party (veomni-*)", "third-party")
 
 
 class DuplicateKernelError(ValueError):
-    """Two plugins registered the same ``(op, variant, name)``."""
+    """One distribution registered the same ``(op, variant, name)`` twice."""
+
+
+class ContestedNameError(DuplicateKernelError, LookupError):
+    """A bare kernel name that more than one distribution registers for an op was looked up
+    (:meth:`Registry.get`); the message lists the qualified names to use instead."""
 
 
 @dataclass(frozen=True)
@@ -27,6 +57,11 @@ class Provenance:
     def __str__(self) -> str:
         return f"{self.distribution} {self.version} (entry point {self.entry_point!r})"
 
+    @property
+    def qualifier(self) -> str:
+        """The distribution as a qualified kernel name writes it (``veomni-liger``)."""
+        return canonical_distribution(self.distribution)
+
 
 @dataclass(frozen=True)
 class RegisteredKernel:
@@ -37,13 +72,18 @@ class RegisteredKernel:
     def key(self) -> tuple[str, str, str]:
         return self.spec.key
 
+    @property
+    def qualified_name(self) -> str:
+        """``name@distribution``: selects exactly this kernel, whatever else is installed."""
+        return qualified_name(self.spec.name, self.provenance.distribution)
+
 
 @dataclass(frozen=True)
 class LoadFailure:
     """A plugin that could not be loaded, and why. Its specs are not registered."""
 
     provenance: Provenance
-    phase: str  # "import" | "hooks" | "hook:<op>" | "validate"
+    phase: str  # "import" | "api" | "hooks" | "hook:<op>" | "validate"
     error: BaseException
 
     @property
@@ -65,10 +105,13 @@ class PluginRecord:
     status: str  # "loaded" | "failed" | "disabled"
     reason: str = ""
     kernels: tuple[tuple[str, str, str], ...] = ()
-    phase: str = ""  # for "failed": import | hooks | hook:<op> | validate
+    phase: str = ""  # for "failed": import | hooks | api | hook:<op> | validate
+    #: for "loaded": what is worth knowing although it loaded (no plugin API range declared,
+    #: a contested kernel name); ``reason`` repeats them, so every listing shows them.
+    warnings: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
-        return {
+        out = {
             "distribution": self.provenance.distribution,
             "version": self.provenance.version,
             "entry_point": self.provenance.entry_point,
@@ -77,63 +120,153 @@ class PluginRecord:
             "phase": self.phase,
             "kernels": [list(k) for k in self.kernels],
         }
+        if self.warnings:
+            out["warnings"] = list(self.warnings)
+        return out
 
 
 @dataclass
 class Registry:
-    """All registered kernels keyed by ``(op, variant, name)``, plus load failures."""
+    """All registered kernels keyed by ``(op, variant, name)`` and distribution, plus load
+    failures, the record of every entry point, and discovery's warnings (``notes``)."""
 
-    _kernels: dict[tuple[str, str, str], RegisteredKernel] = field(default_factory=dict)
+    #: (op, variant, name) -> {canonical distribution: kernel}
+    _kernels: dict[tuple[str, str, str], dict[str, RegisteredKernel]] = field(default_factory=dict)
     failures: list[LoadFailure] = field(default_factory=list)
     plugins: list[PluginRecord] = field(default_factory=list)
     discovery_seconds: float = 0.0
+    #: discovery's warnings that belong to no single kernel: a switch naming a plugin that is
+    #: not installed, a contested kernel name, a plugin without a declared API range
+    notes: list[str] = field(default_factory=list)
 
     def add_all(self, specs: Iterable[KernelSpec], provenance: Provenance) -> list[RegisteredKernel]:
-        """Add one plugin's specs atomically: a duplicate (within the plugin or against the
-        registry) raises :class:`DuplicateKernelError` naming both distributions, and then
-        nothing of this plugin is added."""
+        """Add one plugin's specs atomically. The same ``(op, variant, name)`` twice from one
+        distribution (within this plugin, or from another entry point of the same distribution)
+        raises :class:`DuplicateKernelError` naming both, and then nothing of this plugin is
+        added. The same name from *another* distribution is accepted: the name becomes
+        contested (:meth:`contested`) and only qualified names select either kernel."""
         staged: dict[tuple[str, str, str], RegisteredKernel] = {}
+        dist = provenance.qualifier
         for spec in specs:
             if not isinstance(spec, KernelSpec):
                 raise TypeError(f"hook returned {type(spec).__name__} {spec!r}, expected veomni_ops.KernelSpec")
             key = spec.key
-            other = self._kernels.get(key) or staged.get(key)
+            other = self._kernels.get(key, {}).get(dist) or staged.get(key)
             if other is not None:
                 op, variant, name = key
+                where = "twice by the same plugin" if other.provenance == provenance else "twice by one distribution"
                 raise DuplicateKernelError(
-                    f"kernel {name!r} for {op}/{variant} is registered twice: by {other.provenance} and by "
-                    f"{provenance}. Kernel names must be unique per op and variant; rename one of them or "
-                    f"uninstall/disable one plugin (VEOMNI_OPS_DISABLE={provenance.entry_point})"
+                    f"kernel {name!r} for {op}/{variant} is registered {where}: by {other.provenance} and by "
+                    f"{provenance}. A distribution must register each name once per op and variant (two "
+                    f"distributions may share a name: a config then writes it qualified, "
+                    f"{qualified_name(name, provenance.distribution)}); rename one of them, or disable one entry "
+                    f"point (VEOMNI_OPS_DISABLE={provenance.entry_point})"
                 )
             staged[key] = RegisteredKernel(spec, provenance)
-        self._kernels.update(staged)
+        for key, rk in staged.items():
+            self._kernels.setdefault(key, {})[dist] = rk
         return list(staged.values())
 
     def __iter__(self) -> Iterator[RegisteredKernel]:
-        return iter(sorted(self._kernels.values(), key=lambda k: k.key))
+        """Every kernel, by ``(op, variant, name)`` then distribution."""
+        return iter([rk for key in sorted(self._kernels) for _, rk in sorted(self._kernels[key].items())])
 
     def __len__(self) -> int:
-        return len(self._kernels)
+        return sum(len(v) for v in self._kernels.values())
+
+    # -- lookup ------------------------------------------------------------------------------
+    def providers(self, op: str, variant: str, name: str) -> list[RegisteredKernel]:
+        """Every kernel that ``name`` may mean for ``(op, variant)``: the bare name's providers
+        (one per distribution), or for a qualified ``name@dist`` the one of that distribution."""
+        kernel, dist = split_name(name)
+        found = self._kernels.get((op, variant, kernel), {})
+        if dist is not None:
+            return [found[dist]] if dist in found else []
+        return [rk for _, rk in sorted(found.items())]
 
     def get(self, op: str, variant: str, name: str) -> RegisteredKernel | None:
-        return self._kernels.get((op, variant, name))
+        """The one kernel ``name`` (bare or qualified) selects for ``(op, variant)``, or None.
+
+        A bare name that another distribution also registers for ``op`` raises
+        :class:`ContestedNameError` listing the qualified names: never one of them silently."""
+        kernel, dist = split_name(name)
+        if dist is None and self.is_contested(op, kernel):
+            raise ContestedNameError(self.contest_message(op, kernel))
+        found = self.providers(op, variant, name)
+        return found[0] if found else None
 
     def for_op(self, op: str, variant: str | None = None) -> list[RegisteredKernel]:
         return [k for k in self if k.spec.op == op and (variant is None or k.spec.variant == variant)]
 
     def names(self, op: str) -> list[str]:
+        """Bare kernel names registered for ``op`` (a contested one once)."""
         return sorted({k.spec.name for k in self if k.spec.op == op})
 
+    def name_of(self, rk: RegisteredKernel) -> str:
+        """What a config writes to select ``rk``: its bare name, or, where that name is
+        contested for its op, its qualified name."""
+        return rk.qualified_name if self.is_contested(rk.spec.op, rk.spec.name) else rk.spec.name
+
+    # -- contested names ---------------------------------------------------------------------
+    def distributions_of(self, op: str, name: str) -> list[Provenance]:
+        """The distinct plugins (provenances) registering bare ``name`` for ``op``, any variant."""
+        seen: dict[str, Provenance] = {}
+        for (o, _v, n), by_dist in self._kernels.items():
+            if o == op and n == name:
+                for d, rk in by_dist.items():
+                    seen.setdefault(d, rk.provenance)
+        return [seen[d] for d in sorted(seen, key=lambda d: (origin_rank(d), d))]
+
+    def is_contested(self, op: str, name: str) -> bool:
+        return len(self.distributions_of(op, name)) > 1
+
+    def contested(self) -> dict[tuple[str, str], list[Provenance]]:
+        """``(op, name)`` -> the distributions that all register ``name`` for ``op``."""
+        out = {}
+        for op, name in sorted({(o, n) for o, _v, n in self._kernels}):
+            provs = self.distributions_of(op, name)
+            if len(provs) > 1:
+                out[(op, name)] = provs
+        return out
+
+    def contest_message(self, op: str, name: str) -> str:
+        provs = self.distributions_of(op, name)
+        refs = " or ".join(qualified_name(name, p.distribution) for p in provs)
+        return (
+            f"kernel name {name!r} for {op} is registered by {len(provs)} distributions: "
+            + " and ".join(str(p) for p in provs)
+            + f"; the bare name selects neither: write {refs}"
+        )
+
+    # -- why a name is missing -----------------------------------------------------------------
     def failures_for(self, name: str) -> list[LoadFailure]:
         """Failures of plugins that may have provided kernel ``name``: same entry point or
-        distribution name (``liger`` ~ ``veomni-liger``)."""
-        out = []
-        for f in self.failures:
-            p = f.provenance
-            dist = p.distribution.lower().replace("_", "-")
-            if p.entry_point == name or dist in (name, f"veomni-{name.replace('_', '-')}"):
-                out.append(f)
-        return out
+        distribution name (``liger`` ~ ``veomni-liger``); for a qualified name, its distribution."""
+        return [f for f in self.failures if _may_provide(f.provenance, name)]
+
+    def switched_off_for(self, name: str) -> list[PluginRecord]:
+        """Plugins taken out by ``VEOMNI_OPS_PLUGINS`` / ``VEOMNI_OPS_DISABLE`` that may have
+        provided kernel ``name`` (the same matching as :meth:`failures_for`)."""
+        return [p for p in self.plugins if p.status == "disabled" and _may_provide(p.provenance, name)]
 
     def ops_summary(self) -> dict[str, list[str]]:
         return {op: self.names(op) for op in OPS}
+
+
+#: Kernel names of our own backends whose distribution is not ``veomni-<name>``.
+KNOWN_DISTRIBUTIONS = {
+    "triton_batch_invariant": "veomni-triton",
+    "flash_attention_2": "veomni-flash",
+    "flash_attention_3": "veomni-flash",
+    "flash_attention_4": "veomni-flash",
+}
+
+
+def _may_provide(prov: Provenance, name: str) -> bool:
+    kernel, dist = split_name(name)
+    mine = prov.qualifier
+    if dist is not None:
+        return mine == dist
+    ep = canonical_distribution(prov.entry_point)
+    guess = canonical_distribution(kernel)
+    return guess in (ep, mine) or mine in (f"veomni-{guess}", KNOWN_DISTRIBUTIONS.get(kernel))

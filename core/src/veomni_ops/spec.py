@@ -45,20 +45,70 @@ class SpecError(ValueError):
     """A KernelSpec (or one of its parts) is malformed."""
 
 
-def normalize_name(name: str) -> str:
-    """Canonical form of a kernel name: lower case, ``-``/``.``/spaces become ``_``.
+#: Separator of a qualified kernel reference: ``liger@veomni-liger`` is the kernel ``liger``
+#: as registered by the distribution ``veomni-liger``.
+QUALIFIER = "@"
 
-    ``"Flash-Attention-4"`` and ``"flash_attention_4"`` name the same kernel.
-    """
-    if not isinstance(name, str):
-        raise SpecError(f"kernel name must be a string, got {type(name).__name__} {name!r}")
+_DIST_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+
+
+def canonical_distribution(name: str) -> str:
+    """A distribution name in its canonical form (PEP 503): ``Veomni_Liger`` -> ``veomni-liger``."""
+    return re.sub(r"[-_.]+", "-", str(name).strip()).lower()
+
+
+def _normalize_kernel_name(name: str, what: str = "kernel name") -> str:
     out = re.sub(r"[\s\-.]+", "_", name.strip().lower())
     if not _NAME_RE.match(out):
         raise SpecError(
-            f"kernel name {name!r} is not valid: after normalisation ({out!r}) it must start with a "
+            f"{what} {name!r} is not valid: after normalisation ({out!r}) it must start with a "
             "letter and contain only letters, digits and underscores"
         )
     return out
+
+
+def normalize_name(name: str) -> str:
+    """Canonical form of what a config names: a kernel name, or a *qualified* one.
+
+    ``"Flash-Attention-4"`` and ``"flash_attention_4"`` name the same kernel: lower case,
+    ``-``/``.``/spaces become ``_``. ``"liger@Veomni_Liger"`` is the kernel ``liger`` of the
+    distribution ``veomni-liger`` (:data:`QUALIFIER`); the distribution part is normalised as
+    PEP 503 does (``liger@veomni-liger``). A qualified name is how a config selects a kernel
+    whose name two installed distributions both register (see :mod:`veomni_ops.registry`).
+    A :class:`KernelSpec` name is never qualified: the registry adds the distribution.
+    """
+    if not isinstance(name, str):
+        raise SpecError(f"kernel name must be a string, got {type(name).__name__} {name!r}")
+    kernel, sep, dist = name.partition(QUALIFIER)
+    if not sep:
+        return _normalize_kernel_name(name)
+    try:
+        out = _normalize_kernel_name(kernel)
+    except SpecError:
+        raise SpecError(
+            f"kernel name {name!r} is not valid: before {QUALIFIER!r} comes a kernel name, which must start with "
+            "a letter and contain only letters, digits, '_', '-' and '.'"
+        ) from None
+    canon = canonical_distribution(dist)
+    if not _DIST_RE.match(canon):
+        raise SpecError(
+            f"kernel name {name!r} is not valid: after {QUALIFIER!r} comes the distribution that registers the "
+            f"kernel (e.g. 'liger{QUALIFIER}veomni-liger'), and {dist.strip()!r} is not a distribution name"
+        )
+    return f"{out}{QUALIFIER}{canon}"
+
+
+def split_name(ref: str) -> tuple[str, str | None]:
+    """``"liger@veomni-liger"`` -> ``("liger", "veomni-liger")``; ``"liger"`` -> ``("liger", None)``.
+
+    The argument is normalised first (:func:`normalize_name`)."""
+    kernel, sep, dist = normalize_name(ref).partition(QUALIFIER)
+    return kernel, (dist if sep else None)
+
+
+def qualified_name(name: str, distribution: str) -> str:
+    """What a config writes to select kernel ``name`` of ``distribution``: ``name@distribution``."""
+    return f"{_normalize_kernel_name(name)}{QUALIFIER}{canonical_distribution(distribution)}"
 
 
 def _parse_capability(value: Any, what: str) -> tuple[int, int] | None:
@@ -194,7 +244,10 @@ class KernelSpec:
     features: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "name", normalize_name(self.name))
+        if not isinstance(self.name, str):
+            raise SpecError(f"kernel name must be a string, got {type(self.name).__name__} {self.name!r}")
+        # Never qualified: the registry records the distribution (provenance) itself.
+        object.__setattr__(self, "name", _normalize_kernel_name(self.name))
         if self.op not in OPS:
             raise SpecError(f"kernel {self.name!r}: unknown op {self.op!r}; known ops: {', '.join(OPS)}")
         if self.variant not in OPS[self.op]:

@@ -26,6 +26,17 @@ def test_resolved_by_name_from_a_config():
     assert plan.kernel("swiglu", "standard") is silu_mul
 
 
+def test_declares_the_plugin_api_range_it_was_built_for():
+    import veomni_backend_template.specs as specs
+    from veomni_ops import PLUGIN_API_VERSION
+    from veomni_ops.hookspecs import api_range_problem
+
+    assert specs.VEOMNI_OPS_PLUGIN_API == ">=1.0,<2"
+    assert api_range_problem(specs.VEOMNI_OPS_PLUGIN_API, PLUGIN_API_VERSION) is None
+    rec = [p for p in discover().plugins if p.provenance.entry_point == "template"]
+    assert rec and rec[0].status == "loaded" and rec[0].warnings == (), rec
+
+
 def test_spec_module_is_light():
     code = "import sys, veomni_backend_template.specs; assert 'torch' not in sys.modules, sorted(sys.modules)"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -329,6 +329,11 @@ def test_bad_inputs_raise_with_fix(version):
     with pytest.raises(ValueError, match="both cu_seq_lens"):
         cu = torch.tensor([0, 5], dtype=torch.int32)
         fn(Attn(), q, k, v, torch.tensor([[0, 1, 1, 1, 1]]), cu_seq_lens_q=cu, cu_seq_lens_k=cu)
+    # a varlen launch bound without the packing it bounds: refused, naming it (was ignored)
+    with pytest.raises(ValueError, match="max_length_q is given without cu_seq_lens_q"):
+        fn(Attn(), q, k, v, None, max_length_q=5)
+    with pytest.raises(ValueError, match="max_length_k is given without cu_seq_lens_k"):
+        fn(Attn(), q, k, v, None, max_length_k=torch.tensor(5))
     with pytest.raises(ValueError, match="s_aux"):
         fn(Attn(), q, k, v, None, s_aux=torch.zeros(4))
     with pytest.raises(ValueError, match="sliding_window must be >= 1"):
@@ -392,3 +397,22 @@ def test_matches_core_eager(version, case):
     ref, _ = eager_attention(m, q.double(), k.double(), v.double(), mask, scaling=scaling, softcap=c.get("softcap"))
     sel = valid[:, :, None, None]
     torch.testing.assert_close(out.double() * sel, ref * sel, atol=8e-3, rtol=8e-3)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("form", ["position_ids", "cu_seq_lens"])
+def test_core_eager_honours_the_same_packing_arguments(version, form):
+    # The packing kwargs alone (no 4-D mask): flash runs varlen, the core's eager builds the
+    # block-diagonal mask itself; both keep every document to itself.
+    eager_attention = _core_eager()
+    lengths = [4, 2, 5]
+    s = sum(lengths)
+    if form == "position_ids":
+        kwargs = {"position_ids": packed_positions(lengths)}
+    else:
+        cu = torch.tensor([0, 4, 6, 11], dtype=torch.int32)
+        kwargs = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": 5, "max_length_k": 5}
+    q, k, v = make_qkv(1, 4, 2, s, 16, torch.bfloat16, seed=31)
+    out, _ = kernel(version)(Attn(), q, k, v, None, **kwargs)
+    ref, _ = eager_attention(Attn().eval(), q.double(), k.double(), v.double(), None, **kwargs)
+    torch.testing.assert_close(out.double(), ref, atol=8e-3, rtol=8e-3)

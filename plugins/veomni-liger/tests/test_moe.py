@@ -22,21 +22,28 @@ def _reference(x, idx, w, gate_up, down):
     for t in range(x.shape[0]):
         for k in range(idx.shape[1]):
             e = int(idx[t, k])
+            if not 0 <= e < gate_up.shape[0]:
+                continue  # -1 / E: the expert-parallel sentinels route nowhere
             gu = gate_up[e] @ x[t]
             y = down[e] @ (torch.nn.functional.silu(gu[:inter]) * gu[inter:])
             out[t] = out[t] + w[t, k] * y
     return out
 
 
-def _edge_case_routing(tokens: int, experts: int, device) -> torch.Tensor:
+def _edge_case_routing(tokens: int, experts: int, device, sentinels: bool = False) -> torch.Tensor:
     """Route 0 sends every token to expert 0; route 1 spreads over experts 0..E-2, never E-1.
 
     So: one expert gets every token (more than one 64-row tile), one gets none, and token 0
-    lists expert 0 twice.
+    lists expert 0 twice. With ``sentinels``, some routes of both columns go nowhere: E on
+    every 5th token's route 1, -1 on every 7th token's route 0 (the contract's expert-parallel
+    sentinels).
     """
     idx = torch.empty(tokens, 2, dtype=torch.long, device=device)
     idx[:, 0] = 0
     idx[:, 1] = torch.arange(tokens, device=device) % (experts - 1)
+    if sentinels:
+        idx[3::5, 1] = experts
+        idx[2::7, 0] = -1
     return idx
 
 
@@ -46,7 +53,7 @@ def test_forward_backward_edge_cases_against_float64(device):
     x = torch.randn(t, h, device=device, dtype=dtype, requires_grad=True)
     gate_up = (torch.randn(e, 2 * i, h, device=device, dtype=dtype) / h**0.5).requires_grad_()
     down = (torch.randn(e, h, i, device=device, dtype=dtype) / i**0.5).requires_grad_()
-    idx = _edge_case_routing(t, e, device)
+    idx = _edge_case_routing(t, e, device, sentinels=True)
     w = torch.rand(t, 2, device=device, dtype=dtype).requires_grad_()
     out = moe.moe_experts(x, idx, w, gate_up, down)
     assert out.shape == (t, h) and out.dtype == dtype
@@ -63,6 +70,10 @@ def test_forward_backward_edge_cases_against_float64(device):
     # The expert no token chose gets exactly zero weight gradients.
     assert torch.equal(gate_up.grad[e - 1], torch.zeros_like(gate_up.grad[e - 1]))
     assert torch.equal(down.grad[e - 1], torch.zeros_like(down.grad[e - 1]))
+    # Sentinel routes (-1, E) contribute nothing: their routing weights get zero gradient.
+    sentinel = (idx == -1) | (idx == e)
+    assert sentinel[:, 0].any() and sentinel[:, 1].any()
+    assert torch.equal(w.grad[sentinel], torch.zeros_like(w.grad[sentinel]))
 
     # And the core's eager reference (transformers' loop) agrees on the output.
     core = core_kernels("moe")
@@ -96,8 +107,9 @@ def _args(device, **over):
 @pytest.mark.parametrize(
     "over, exc, match",
     [
-        ({"top_k_index": torch.tensor([[0, 3], [1, 1], [2, 0]])}, ValueError, "outside"),
-        ({"top_k_index": torch.tensor([[0, -1], [1, 1], [2, 0]])}, ValueError, "outside"),
+        # E = 3: -1 and 3 are the sentinels (route nowhere); 4 and -2 are errors naming the index and E
+        ({"top_k_index": torch.tensor([[0, 4], [1, 1], [2, 3]])}, ValueError, r"moe_experts \(liger\).* 4, .*E = 3"),
+        ({"top_k_index": torch.tensor([[0, -2], [1, -1], [2, 0]])}, ValueError, r"moe_experts \(liger\).* -2, .*E = 3"),
         ({"top_k_index": torch.zeros(3, 2)}, TypeError, "integer"),
         ({"top_k_weights": torch.rand(3, 1)}, ValueError, r"\[T, K\]"),
         ({"gate_up_proj": torch.randn(3, 7, 8)}, ValueError, r"\[E, 2I, H\]"),

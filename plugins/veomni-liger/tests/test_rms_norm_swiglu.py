@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 import veomni_liger.kernels.rms_norm as rms
 import veomni_liger.kernels.swiglu as sw
-from _helpers import assert_close, core_kernels, dtype_params, interpreter_active
+from _helpers import BF16_ARITH_SKIP, assert_close, core_kernels, dtype_params, interpreter_active, spec_for
 
 DTYPES = dtype_params(bf16_arith=True)
 
@@ -149,3 +149,18 @@ def test_swiglu_second_backward_raises(liger_kernels_runnable, device):
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()
+
+
+@pytest.mark.parametrize("dtype", ["float16", pytest.param("bfloat16", marks=BF16_ARITH_SKIP)])
+@pytest.mark.parametrize("variant", ["standard", "offset"])
+def test_rms_norm_float32_weight_with_16_bit_input_conformance_case(liger_kernels_runnable, device, dtype, variant):
+    # The conformance kit's mixed-precision case: a float32 weight with 16-bit activations keeps
+    # the activations' dtype for the output (and the weight's for its gradient).
+    from veomni_ops.testing.cases import harness
+    from veomni_ops.testing.runner import check_case
+
+    h = harness("rms_norm")
+    case = next(c for c in h.cases(variant, "small") if c.name.startswith("fp32-weight"))
+    fn = rms.rms_norm_standard if variant == "standard" else rms.rms_norm_offset
+    res = check_case(fn, spec_for("rms_norm", variant), h, variant, case, dtype, device, seed=4)
+    assert res.status == "pass", res.describe()

@@ -71,6 +71,17 @@ def test_expert_parallel_sentinel_routes_contribute_nothing(dtype):
     assert torch.equal(grads["top_k_weights"][dropped], torch.zeros_like(grads["top_k_weights"][dropped]))
 
 
+@pytest.mark.parametrize("bad", [5, -2, 100])
+def test_expert_index_outside_the_sentinels_is_an_error_naming_it(bad):
+    # E = 4: -1 and 4 route nowhere; anything else outside [0, 4) is a routing bug.
+    inp = _inputs(6, 4, 2, 16, 8)
+    idx = inp["top_k_index"].clone()
+    idx[2, 1] = bad
+    idx[0, 0] = 4
+    with pytest.raises(ValueError, match=rf"moe_experts \(npu\): top_k_index holds {bad}, .*E = 4"):
+        kernel("moe_experts", "standard")(*dict(inp, top_k_index=idx).values())
+
+
 def test_a_single_expert_and_no_tokens():
     _compare(_inputs(7, 1, 1, 8, 8))  # E = 1: one group (group_list_type=0 allows it)
     empty = _inputs(0, 4, 2, 8, 8)

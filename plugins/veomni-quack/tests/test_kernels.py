@@ -227,8 +227,8 @@ def test_cross_entropy_logits_fixes_layouts():
 @pytest.mark.parametrize(
     "logits, labels, kw, err, match",
     [
-        (torch.randn(4, 10), torch.tensor([0, 1, 10, 2]), {}, ValueError, r"label 10 is outside \[0, 10\)"),
-        (torch.randn(4, 10), torch.tensor([0, 1, -5, 2]), {}, ValueError, "label -5 is outside"),
+        (torch.randn(4, 10), torch.tensor([0, 1, 10, 2]), {}, ValueError, r"cross_entropy \(quack\): labels holds 10, outside \[0, 10\)"),
+        (torch.randn(4, 10), torch.tensor([0, 1, -5, 2]), {}, ValueError, r"cross_entropy \(quack\): labels holds -5, outside"),
         (torch.randn(4, 10), torch.tensor([0, 1, 2]), {}, ValueError, "labels has 3 entries but there are 4"),
         (torch.randn(4, 10), torch.zeros(4), {}, TypeError, "must be an integer tensor"),
         (torch.randn(2, 4, 10), torch.zeros(8, dtype=torch.long), {}, ValueError, r"2-D \[N, V\]"),
@@ -410,6 +410,6 @@ def test_fused_linear_bad_input(h, w, kw, err, match):
 
 
 def test_fused_linear_label_out_of_range():
-    with pytest.raises(ValueError, match=r"label 24 is outside \[0, 24\)"):
+    with pytest.raises(ValueError, match=r"labels holds 24, outside \[0, 24\)"):
         lce.fused_linear_cross_entropy_sum(torch.randn(8, 16, dtype=torch.bfloat16),
                                            torch.randn(24, 16, dtype=torch.bfloat16), torch.full((8,), 24))

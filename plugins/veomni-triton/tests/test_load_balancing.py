@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _helpers import assert_close, core_kernels
+from _helpers import assert_close, core_kernels, tolerance
 from veomni_triton.kernels import load_balancing as LB
 
 F32, BF16 = torch.float32, torch.bfloat16
@@ -157,3 +157,41 @@ def test_pointer_table_depends_on_the_dtype():
     assert t32.tolist() == [0, 512, 16, 16]
     assert t16.tolist() == [0, 1024, 16, 16]
     assert LB._pointer_table(f32)[0] is t32  # a repeat call is a cache hit
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_no_token_counted_gives_zero_not_nan(dtype):
+    # Every token masked out, or no token at all: the contract's value is 0 with zero
+    # gradients (transformers divides 0 by 0 there).
+    e, k = 8, 2
+    logits = [torch.randn(12, e, dtype=dtype) for _ in range(3)]
+    loss, grads = run(LB.load_balancing_loss, logits, e, k, torch.zeros(3, 4, dtype=torch.long))
+    assert loss.item() == 0.0 and all(torch.equal(g, torch.zeros_like(g)) for g in grads)
+    empty = [torch.randn(0, e, dtype=dtype) for _ in range(2)]
+    for mask in (None, torch.ones(0, 5, dtype=torch.long)):
+        loss, grads = run(LB.load_balancing_loss, empty, e, k, mask)
+        assert loss.item() == 0.0 and all(g.shape == (0, e) for g in grads)
+    # the core's eager kernel gives the same
+    core = core_kernels("load_balancing")
+    assert run(core.load_balancing_loss, logits, e, k, torch.zeros(3, 4, dtype=torch.long))[0].item() == 0.0
+    assert run(core.load_balancing_loss, empty, e, k, None)[0].item() == 0.0
+
+
+def test_float32_gradient_meets_the_float32_tolerance_where_routing_is_balanced():
+    # 4096 tokens, 64 experts, top-4, a padding mask: every expert's backward coefficient is
+    # close to their mean, and the softmax backward p * (g - sum(p * g)) cancels most of their
+    # digits. With the uncentred coefficients this case measured 1.74 in the kit's units (the
+    # H100 check of 2026-11-21 found 42 float32 gradients at 1.0-2.35, passing only through the
+    # 16-bit allowance of eager's error); centred, 0.04. Held to the spec's float32 tolerance.
+    from veomni_ops.testing.cases import Builder, _router_logits
+    from veomni_ops.testing.runner import compare
+
+    e, k, t = 64, 4, 4096
+    logits = [_router_logits(Builder(3, F32, "cpu"), t, e)]
+    mask = (torch.rand(4, t // 4, generator=torch.Generator().manual_seed(1)) > 0.3).long()
+    ours = run(LB.load_balancing_loss, logits, e, k, mask, grad_scale=0.9)
+    core = core_kernels("load_balancing")
+    ref = run(core.load_balancing_loss, logits, e, k, mask, cast=torch.float64, grad_scale=0.9)
+    tol = tolerance(OP, F32)
+    worst = compare("grad", ours[1][0], ref[1][0], tol).ratio
+    assert worst <= 0.5, f"float32 gradient error {worst:.3g} (kit units, pass <= 1)"

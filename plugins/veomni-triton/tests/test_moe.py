@@ -200,3 +200,26 @@ def test_bad_inputs_are_explained():
         M.moe_experts(x, idx, w[:, :1], gate_up, down)
     with pytest.raises(TypeError, match="int64 or int32"):
         M.moe_experts(x, idx.float(), w, gate_up, down)
+
+
+@pytest.mark.parametrize("bad", [9, -2, 1000])
+def test_expert_index_outside_the_sentinels_is_an_error_naming_it(bad):
+    # E = 8: -1 and 8 route nowhere (covered above); anything else outside [0, 8) is a routing
+    # bug, refused with the index and E -- before, it was skipped silently like a sentinel.
+    t, h, inter, e, k = 5, 16, 16, 8, 2
+    x, idx, w, gate_up, down = make_inputs(t, h, inter, e, k, F32, "sentinel")
+    idx[3, 1] = bad
+    with pytest.raises(ValueError, match=rf"moe_experts \(triton\): top_k_index holds {bad}, .*E = 8"):
+        M.moe_experts(x, idx, w, gate_up, down)
+
+
+def test_expert_index_rule_under_compile_asserts_on_the_device():
+    # While torch.compile traces, the indices cannot be read on the host: the rule becomes a
+    # device-side assertion (torch._assert_async), which raises on the CPU.
+    t, h, inter, e, k = 4, 16, 16, 4, 2
+    x, idx, w, gate_up, down = make_inputs(t, h, inter, e, k, F32, "random")
+    fn = torch.compile(M.moe_experts, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(fn(x, idx, w, gate_up, down), M.moe_experts(x, idx, w, gate_up, down))
+    idx[0, 0] = -3
+    with pytest.raises(RuntimeError, match=r"top_k_index holds an index, outside \[0, 4\)"):
+        fn(x, idx, w, gate_up, down)

@@ -34,6 +34,7 @@ from ..config import AUTO, OP_TO_FIELD, OpsConfig
 from ..device import DeviceInfo, current_device
 from ..plan import KernelPlan
 from ..resolve import ResolutionError, resolve
+from ..spec import split_name
 from .binders import BY_OP, Edits, NotBindable, Place, find_places
 from .functions import RebindError, copy_with_globals
 from .head import causal_lm_forward
@@ -111,6 +112,12 @@ def _named(cfg: OpsConfig, op: str) -> bool:
     return cfg.for_op(op) != AUTO
 
 
+def _kernel(cfg: OpsConfig, op: str) -> str:
+    """The kernel the config names for ``op``, without a distribution qualifier
+    (``eager@veomni-ops`` is ``eager``)."""
+    return split_name(cfg.for_op(op))[0]
+
+
 def apply(
     model: nn.Module,
     config_or_plan: KernelPlan | OpsConfig | Mapping[str, Any] | str | None = None,
@@ -130,7 +137,7 @@ def apply(
     check_transformers(type(model))
     places = survey(model)
     cfg = _config_of(config_or_plan)
-    if cfg.for_op("cross_entropy") == "eager":
+    if _kernel(cfg, "cross_entropy") == "eager":
         # The reference means "what transformers does": logits, then the loss (and the
         # logits are returned). Other kernels prefer the fused form, which never holds them.
         for p in places:
@@ -140,7 +147,7 @@ def apply(
     # User code: a named non-eager kernel for an overridden method is refused; otherwise the
     # place is left to the user's code (eager *is* what that code computes around).
     foreign = [p for p in places if p.foreign]
-    refused = [p for p in foreign if _named(cfg, p.op) and cfg.for_op(p.op) != "eager"]
+    refused = [p for p in foreign if _named(cfg, p.op) and _kernel(cfg, p.op) != "eager"]
     if refused:
         lines = [f"  - {OP_TO_FIELD[p.op]}={cfg.for_op(p.op)!r}: {p.foreign} is user code "
                  f"(module {p.path or '<model>'}); binding would replace it" for p in refused]
@@ -156,7 +163,7 @@ def apply(
     unplaced = [
         f"{OP_TO_FIELD[op]}={cfg.for_op(op)!r}"
         for op in OP_TO_FIELD
-        if cfg.for_op(op) not in (AUTO, "eager") and op not in have_ops
+        if _kernel(cfg, op) not in (AUTO, "eager") and op not in have_ops
     ]
     if unplaced:
         raise BindingError(

@@ -13,6 +13,29 @@ padding, packing and any sliding window. Without a mask, causality comes from
 given and shorter than the keys, the window is applied too. ``eager`` follows the same
 rules as ``sdpa`` there (transformers' eager never receives ``None`` for a causal model).
 
+Packed sequences (several documents in one row, no padding) are honoured by both kernels,
+never ignored (:func:`packing_mask`):
+
+* a 4-D ``attention_mask`` is authoritative: transformers builds it block-diagonal from
+  packed ``position_ids`` for these implementations, so nothing else is read;
+* ``cu_seq_lens_q`` / ``cu_seq_lens_k`` (the flash-attention varlen form: a batch of one row,
+  ``[1, total]``) become a block-diagonal mask (causal within each document, bottom-right
+  aligned as flash's varlen kernels, with the sliding window if one is given), ANDed with the
+  given mask; ``max_length_q`` / ``max_length_k`` only size a varlen launch, so they are
+  accepted beside their ``cu_seq_lens`` and refused without them;
+* without a mask or ``cu_seq_lens``, ``position_ids`` ``[S]`` / ``[B or 1, S]`` (``S`` = the
+  query and key length) that restart within a row (a position that does not continue the
+  previous one by +1: transformers' and veomni-flash's rule) become the same block mask. Telling
+  whether they restart is one host synchronisation, made once per ``position_ids`` tensor
+  (cached on its identity and version: the layers of a forward share one), and skipped under
+  ``torch.compile``, where the mask is built whenever ``position_ids`` are given. Position ids
+  of any other shape (``[3, B, S]`` multimodal rotary positions, a sequence-parallel shard)
+  carry no packing: packed batches of those come with the mask or ``cu_seq_lens``.
+
+Refusals are ``ValueError`` naming the argument and the kernels that honour it. The block
+mask is ``[B, 1, S, Sk]`` booleans: packed training at length belongs to a varlen flash
+kernel (veomni-flash), which needs no mask.
+
 Attention sinks (GPT-OSS's ``s_aux``: one learned logit per head that joins every row's
 softmax and is then dropped) are honoured by ``eager``, as GPT-OSS's own eager attention.
 Arguments a kernel cannot honour raise ``ValueError``: ``softcap`` and ``s_aux`` in sdpa,
@@ -21,14 +44,17 @@ and ``position_bias`` in both.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from .checks import check_float, check_ndim, check_same_device
+from .checks import can_read_values, check_float, check_integer, check_ndim, check_same_device
 
 _OP = "attention"
+#: Who else honours the packing arguments, for refusals.
+_VARLEN = "veomni-flash's flash_attention_2/3/4 (varlen) and eager/sdpa"
 
 
 def _check(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any, kind: str) -> int:
@@ -107,6 +133,139 @@ def _window_mask(q_len: int, kv_len: int, window: int, device: torch.device) -> 
     return ((kv_pos <= q_pos) & (kv_pos > q_pos - window))[None, None]
 
 
+# --------------------------------------------------------------------------- packing
+def _check_cu(cu: Any, name: str, length: int, kind: str) -> torch.Tensor:
+    if not isinstance(cu, torch.Tensor):
+        raise ValueError(f"{_OP} '{kind}': {name} must be a 1-D integer tensor of cumulative lengths, "
+                         f"got {type(cu).__name__}")
+    check_integer(cu, name, _OP, backend=kind)
+    if cu.dim() != 1 or cu.numel() < 2:
+        raise ValueError(f"{_OP} '{kind}': {name} must be 1-D [documents + 1] (0, ends...), got shape {tuple(cu.shape)}")
+    if can_read_values(cu):
+        vals = cu.tolist()
+        if vals[0] != 0 or vals[-1] != length or any(b < a for a, b in zip(vals, vals[1:])):
+            raise ValueError(
+                f"{_OP} '{kind}': {name} = {vals[:8]}{'...' if len(vals) > 8 else ''} must start at 0, never decrease "
+                f"and end at the packed length {length}"
+            )
+    return cu.long()
+
+
+def _segments_from_cu(cu: torch.Tensor, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per position of a packed row: its document id and its offset inside the document."""
+    pos = torch.arange(length, device=device)
+    cu = cu.to(device)
+    seg = torch.searchsorted(cu[1:], pos, right=True).clamp(max=cu.numel() - 2)
+    return seg, pos - cu[seg]
+
+
+def _cu_block_mask(cq: torch.Tensor, ck: torch.Tensor, sq: int, sk: int, causal: bool, window: int | None,
+                   device: torch.device) -> torch.Tensor:
+    """Boolean ``[Sq, Sk]``: same document and, if causal, key not after the query -- bottom-right
+    aligned inside the document, as flash's varlen kernels -- and within ``window`` keys."""
+    seg_q, off_q = _segments_from_cu(cq, sq, device)
+    seg_k, off_k = _segments_from_cu(ck, sk, device)
+    allowed = seg_q[:, None] == seg_k[None, :]
+    if causal:
+        cq, ck = cq.to(device), ck.to(device)
+        shift = (ck[1:] - ck[:-1]) - (cq[1:] - cq[:-1])  # per document: keys - queries
+        q_on_k = (off_q + shift[seg_q])[:, None]  # the query's position on its document's key axis
+        allowed = allowed & (off_k[None, :] <= q_on_k)
+        if window is not None:
+            allowed = allowed & (off_k[None, :] > q_on_k - window)
+    return allowed
+
+
+_RESTARTS: dict[int, tuple[weakref.ref, int, bool]] = {}
+
+
+def _restarts(position_ids: torch.Tensor) -> bool:
+    """Whether ``[B', S]`` position ids restart within a row: one host synchronisation, cached
+    per tensor (identity and version) so that the layers of one forward pay it once."""
+    key = id(position_ids)
+    hit = _RESTARTS.get(key)
+    if hit is not None and hit[0]() is position_ids and hit[1] == position_ids._version:
+        return hit[2]
+    result = bool((position_ids[:, 1:] != position_ids[:, :-1] + 1).any()) if position_ids.shape[-1] > 1 else False
+    if len(_RESTARTS) > 64:
+        for k in [k for k, v in _RESTARTS.items() if v[0]() is None] or list(_RESTARTS)[:32]:
+            _RESTARTS.pop(k, None)
+    try:
+        _RESTARTS[key] = (weakref.ref(position_ids), position_ids._version, result)
+    except TypeError:  # a tensor type without weak references: no caching
+        pass
+    return result
+
+
+def packing_mask(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    sliding_window: int | None,
+    kwargs: dict[str, Any],
+    kind: str,
+) -> torch.Tensor | None:
+    """The attention mask with the packing arguments honoured (module docstring), or
+    ``attention_mask`` unchanged when there is nothing to honour."""
+    b, _, sq, _ = query.shape
+    sk = key.shape[2]
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    for m, cu, cu_name in (("max_length_q", cu_q, "cu_seq_lens_q"), ("max_length_k", cu_k, "cu_seq_lens_k")):
+        if kwargs.get(m) is not None and cu is None:
+            raise ValueError(
+                f"{_OP} '{kind}': {m} is given without {cu_name}; it only sizes a varlen launch. Pass the packing "
+                f"itself ({cu_name}), which {_VARLEN} honour"
+            )
+    causal = _is_causal(module, kwargs)
+    window = sliding_window if causal else None
+    if cu_q is not None or cu_k is not None:
+        if cu_q is None or cu_k is None:
+            given, missing = ("cu_seq_lens_q", "cu_seq_lens_k") if cu_q is not None else ("cu_seq_lens_k", "cu_seq_lens_q")
+            raise ValueError(f"{_OP} '{kind}': {given} is given without {missing}; packed attention needs both "
+                             f"({_VARLEN} honour the pair)")
+        if b != 1:
+            raise ValueError(
+                f"{_OP} '{kind}': cu_seq_lens_q/k describe a packed batch of one row [1, total], but query has batch "
+                f"size {b}; flatten the batch into one row (as the packing collator does) or pass a 4-D mask"
+            )
+        cq = _check_cu(cu_q, "cu_seq_lens_q", sq, kind)
+        ck = _check_cu(cu_k, "cu_seq_lens_k", sk, kind)
+        if cq.numel() != ck.numel():
+            raise ValueError(f"{_OP} '{kind}': cu_seq_lens_q has {cq.numel() - 1} documents, cu_seq_lens_k "
+                             f"{ck.numel() - 1}; they must describe the same documents")
+        block = _cu_block_mask(cq, ck, sq, sk, causal, window, query.device)[None, None]
+    elif attention_mask is None and kwargs.get("position_ids") is not None and sq == sk:
+        pos = kwargs["position_ids"]
+        if not isinstance(pos, torch.Tensor) or pos.dim() not in (1, 2) or pos.shape[-1] != sq:
+            return attention_mask  # not packing information (e.g. [3, B, S] multimodal positions)
+        pos = pos.reshape(-1, sq) if pos.dim() == 1 else pos
+        if pos.shape[0] not in (1, b) or pos.is_floating_point():
+            return attention_mask
+        if not torch.compiler.is_compiling() and not _restarts(pos):
+            return attention_mask  # one document per row: the causal default is the packing
+        pos = pos.to(query.device)
+        starts = torch.ones_like(pos, dtype=torch.bool)
+        starts[:, 1:] = pos[:, 1:] != pos[:, :-1] + 1
+        seg = starts.long().cumsum(-1) - 1  # [B', S]
+        idx = torch.arange(sq, device=query.device).expand_as(seg)
+        first = torch.zeros_like(seg).scatter_reduce(-1, seg, idx, reduce="amin", include_self=False)
+        off = idx - first.gather(-1, seg)
+        allowed = seg[:, :, None] == seg[:, None, :]
+        if causal:
+            allowed = allowed & (off[:, None, :] <= off[:, :, None])
+            if window is not None:
+                allowed = allowed & (off[:, None, :] > off[:, :, None] - window)
+        block = allowed[:, None]  # [B', 1, S, S]
+    else:
+        return attention_mask
+    if attention_mask is None:
+        return block
+    if attention_mask.dtype == torch.bool:
+        return attention_mask & block
+    return attention_mask.masked_fill(~block, torch.finfo(attention_mask.dtype).min)
+
+
 def eager_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -123,6 +282,7 @@ def eager_attention(
     """Explicit ``softmax(q kᵀ * scaling [softcapped] + mask) v``; returns ``([B, S, Hq, D], weights)``."""
     n_rep = _check(query, key, value, attention_mask, "eager")
     _check_unsupported("eager", softcap, kwargs)
+    attention_mask = packing_mask(module, query, key, attention_mask, sliding_window, kwargs, "eager")
     if scaling is None:
         scaling = getattr(module, "head_dim", query.shape[-1]) ** -0.5
     q_len = query.shape[2]
@@ -177,6 +337,7 @@ def sdpa_attention(
     """``F.scaled_dot_product_attention`` as transformers calls it; returns ``([B, S, Hq, D], None)``."""
     n_rep = _check(query, key, value, attention_mask, "sdpa")
     _check_unsupported("sdpa", softcap, kwargs)
+    attention_mask = packing_mask(module, query, key, attention_mask, sliding_window, kwargs, "sdpa")
     q_len, kv_len = query.shape[2], key.shape[2]
     causal = q_len > 1 and attention_mask is None and _is_causal(module, kwargs)
     if causal and sliding_window is not None and sliding_window < kv_len:

@@ -3,7 +3,7 @@
 Public API (backend authors: import these in your HEAVY ``kernels`` modules, never in
 ``specs.py``, since this module imports torch). They look at shapes, dtypes and devices
 only, never at values, so they cost no device-to-host synchronisation and trace under
-``torch.compile`` -- except :func:`check_index_range`, which says so.
+``torch.compile`` -- except :func:`check_index_range` and :func:`value_range`, which say so.
 
 Every error names the op and, where given, the backend, so one message tells the user
 which kernel refused what: ``op`` is the contract's op name (e.g. ``"moe_experts"``) and
@@ -18,19 +18,40 @@ wrong and how to fix it.
 * :func:`check_integer` -- an integer tensor (indices, labels);
 * :func:`check_same_device`, :func:`check_same_dtype` -- several tensors agree;
 * :func:`check_ndim` -- the number of dimensions, naming the expected layout;
-* :func:`check_index_range` -- every index in ``[0, upper)`` (synchronises with the host).
+* :func:`check_index_range` -- every index in ``[lower, upper)`` (synchronises with the host).
+
+Value checks (indices, labels) read device memory on the host. The policy every kernel
+follows, so that a bad index is an error without costing a hot-path synchronisation:
+
+* a kernel whose work synchronises anyway (the eager MoE loop, Liger's and Quack's
+  adapters) checks always, with :func:`check_index_range` (one reduction, one sync);
+* any other kernel asks :func:`can_read_values`: true for CPU tensors (nothing to wait for)
+  and, on accelerators, only when value checks are switched on -- environment variable
+  ``VEOMNI_OPS_CHECK_VALUES=1`` (read at import) or :func:`set_value_checks` /
+  :func:`value_checks` -- the debugging mode: one reduction and one host synchronisation
+  per call. Never while ``torch.compile`` traces (a data-dependent branch breaks the graph).
+
+What a kernel does when it cannot read the values is its op contract's business
+(:mod:`veomni_ops.hookspecs`): e.g. ``moe_experts`` kernels assert on the device
+(:func:`device_assert`), cross-entropy kernels leave it to PyTorch's own device-side asserts.
 
 Op-level contract checks built from these live next to the op's reference kernel, e.g.
-:func:`veomni_ops.kernels.moe.check_moe_inputs`.
+:func:`veomni_ops.kernels.moe.check_moe_inputs`, :func:`veomni_ops.kernels.moe.check_expert_index`.
 """
 
 from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
 
 import torch
 
 __all__ = [
     "FLOAT_DTYPES",
     "KERNEL_DTYPES",
+    "VALUE_CHECKS_ENV",
+    "can_read_values",
     "check_float",
     "check_index_range",
     "check_integer",
@@ -39,6 +60,11 @@ __all__ = [
     "check_same_device",
     "check_same_dtype",
     "check_tensor",
+    "device_assert",
+    "set_value_checks",
+    "value_checks",
+    "value_checks_on",
+    "value_range",
     "where",
 ]
 
@@ -136,6 +162,68 @@ def check_ndim(x: torch.Tensor, ndim: int, name: str, op: str, layout: str, *, b
         raise ValueError(f"{where(op, backend)}: {name} must be {ndim}-D {layout}, got shape {tuple(x.shape)}")
 
 
+#: ``1`` (or true/yes/on): kernels that promise no host synchronisation check index and label
+#: values on accelerators too, at one reduction and one synchronisation a call (debugging).
+VALUE_CHECKS_ENV = "VEOMNI_OPS_CHECK_VALUES"
+
+_value_checks = os.environ.get(VALUE_CHECKS_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def value_checks_on() -> bool:
+    """Whether value checks are switched on for accelerators (``VEOMNI_OPS_CHECK_VALUES``)."""
+    return _value_checks
+
+
+def set_value_checks(enabled: bool) -> bool:
+    """Switch value checks on accelerators on or off; returns the previous setting."""
+    global _value_checks
+    before, _value_checks = _value_checks, bool(enabled)
+    return before
+
+
+@contextlib.contextmanager
+def value_checks(enabled: bool = True) -> Iterator[None]:
+    """``with value_checks():`` -- value checks on accelerators on (or off) inside the block."""
+    before = set_value_checks(enabled)
+    try:
+        yield
+    finally:
+        set_value_checks(before)
+
+
+def can_read_values(x: torch.Tensor) -> bool:
+    """Whether a kernel that promises no host synchronisation may read ``x``'s values now.
+
+    Never while ``torch.compile`` traces; always for CPU tensors (there is no device to wait
+    for); on an accelerator only when value checks are on (:func:`value_checks_on`).
+    """
+    if torch.compiler.is_compiling():
+        return False
+    return x.device.type == "cpu" or _value_checks
+
+
+def value_range(x: torch.Tensor, *, ignore: int | None = None, fill: int = 0) -> tuple[int, int] | None:
+    """``(min, max)`` of ``x`` as Python ints, entries equal to ``ignore`` counted as ``fill``;
+    ``None`` when ``x`` is empty. One reduction (``aminmax``) and one host synchronisation."""
+    if x.numel() == 0:
+        return None
+    if ignore is not None:
+        x = torch.where(x == ignore, torch.full((), fill, dtype=x.dtype, device=x.device), x)
+    lo, hi = torch.aminmax(x)
+    return int(lo), int(hi)
+
+
+def device_assert(ok: torch.Tensor, message: str) -> None:
+    """Assert the boolean scalar ``ok`` on the device, without a host synchronisation.
+
+    ``torch._assert_async``: on CUDA a failure is a device-side assertion (the process must
+    be restarted; CUDA's message does not carry ours, rerun with ``VEOMNI_OPS_CHECK_VALUES=1``
+    for it); on the CPU it raises ``RuntimeError(message)`` at once. Traces under
+    ``torch.compile``.
+    """
+    torch._assert_async(ok, message)
+
+
 def check_index_range(
     x: torch.Tensor,
     upper: int,
@@ -144,23 +232,26 @@ def check_index_range(
     what: str,
     *,
     ignore: int | None = None,
+    lower: int = 0,
     backend: str | None = None,
     consequence: str = "the kernel would read out of bounds",
 ) -> None:
-    """Every entry of ``x`` (except ``ignore``) lies in ``[0, upper)``; ``what`` says what ``upper`` is.
+    """Every entry of ``x`` (except ``ignore``) lies in ``[lower, upper)``; ``what`` says what ``upper`` is.
 
-    This one reads values: it synchronises with the host, and does not suit a kernel that
-    promises none (``supports_compile=True`` with ``fullgraph``).
+    The message names the op, the tensor and an offending value (the smallest one below the
+    range, else the largest above it). One reduction and one host synchronisation
+    (:func:`value_range`): it does not suit a kernel that promises none -- such a kernel
+    calls it only when :func:`can_read_values` says so.
     """
-    if x.numel() == 0:
+    got = value_range(x, ignore=ignore, fill=lower)
+    if got is None:
         return
-    bad = (x < 0) | (x >= upper)
-    if ignore is not None:
-        bad &= x != ignore
-    if bool(bad.any()):
-        first = x[bad][0].item()
-        extra = f" other than ignore_index={ignore}" if ignore is not None else ""
-        raise ValueError(
-            f"{where(op, backend)}: {name} holds {first}, outside [0, {upper}) ({what}); every entry{extra} must be "
-            f"in range -- {consequence}"
-        )
+    lo, hi = got
+    if lo >= lower and hi < upper:
+        return
+    first = lo if lo < lower else hi
+    extra = f" other than ignore_index={ignore}" if ignore is not None else ""
+    raise ValueError(
+        f"{where(op, backend)}: {name} holds {first}, outside [{lower}, {upper}) ({what}); every entry{extra} must be "
+        f"in range -- {consequence}"
+    )

@@ -10,6 +10,13 @@
   gradients for ``hidden``, ``weight`` and ``bias`` during the forward, so the ``[N, V]``
   logits never exist at once. Backward only scales the stored gradients.
 
+Labels outside ``[0, V)`` other than ``ignore_index`` raise ``ValueError`` naming the op and
+the offending label (:func:`check_label_values`) where the values can be read without a
+host synchronisation -- CPU tensors, or any device with ``VEOMNI_OPS_CHECK_VALUES=1`` -- at
+one reduction; on an accelerator without that switch these kernels add no check (it would
+synchronise the loss with the host every step) and an out-of-range label stops the device at
+PyTorch's own device-side assertion (``nll_loss`` / ``gather``), never a silent wrong loss.
+
 The losses are float32 (float64 for float64 inputs, so the reference can be gradchecked).
 The causal-LM shift and the division by the number of counted tokens (or by
 ``num_items_in_batch``) belong to the core's loss wrapper; returning the sum is what makes
@@ -23,7 +30,15 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .checks import check_float, check_integer, check_ndim, check_same_device, check_same_dtype
+from .checks import (
+    can_read_values,
+    check_float,
+    check_index_range,
+    check_integer,
+    check_ndim,
+    check_same_device,
+    check_same_dtype,
+)
 
 _OP = "cross_entropy"
 
@@ -52,6 +67,33 @@ def _check_labels(labels: torch.Tensor, n: int, ignore_index: int) -> None:
         raise TypeError(f"{_OP}: ignore_index must be a Python int, got {ignore_index!r}")
 
 
+def check_label_values(
+    labels: torch.Tensor,
+    vocab_size: int,
+    ignore_index: int,
+    *,
+    backend: str | None = None,
+    always: bool = False,
+    consequence: str = "the loss would index outside the logits",
+) -> None:
+    """Every label in ``[0, V)`` or equal to ``ignore_index``, else ``ValueError`` naming the op and the label.
+
+    One reduction (``aminmax``) and one host synchronisation. Runs when ``always`` (a kernel
+    that synchronises anyway) or when
+    :func:`~veomni_ops.kernels.checks.can_read_values` allows (CPU tensors;
+    ``VEOMNI_OPS_CHECK_VALUES=1``); otherwise returns without reading anything.
+    """
+    if always or can_read_values(labels):
+        check_index_range(labels, vocab_size, "labels", _OP, f"the vocabulary size V = {vocab_size}",
+                          ignore=ignore_index, backend=backend, consequence=consequence)
+
+
+def _cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int) -> torch.Tensor:
+    return F.cross_entropy(
+        logits.to(_compute_dtype(logits.dtype)), labels.long(), ignore_index=ignore_index, reduction="sum"
+    )
+
+
 def cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor, *, ignore_index: int = -100) -> torch.Tensor:
     """``sum_i CE(logits_i, labels_i)`` over ``labels_i != ignore_index``; logits upcast to float32.
 
@@ -61,9 +103,8 @@ def cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor, *, ignore_inde
     check_ndim(logits, 2, "logits", _OP, "[N, V] (flatten leading dimensions with .view(-1, V))")
     _check_labels(labels, logits.shape[0], ignore_index)
     check_same_device(_OP, logits=logits, labels=labels)
-    return F.cross_entropy(
-        logits.to(_compute_dtype(logits.dtype)), labels.long(), ignore_index=ignore_index, reduction="sum"
-    )
+    check_label_values(labels, logits.shape[1], ignore_index)
+    return _cross_entropy_sum(logits, labels, ignore_index)
 
 
 def _check_linear(
@@ -84,6 +125,7 @@ def _check_linear(
     check_same_dtype(_OP, hidden=hidden, weight=weight, bias=bias)
     _check_labels(labels, hidden.shape[0], ignore_index)
     check_same_device(_OP, hidden=hidden, weight=weight, labels=labels, bias=bias)
+    check_label_values(labels, weight.shape[0], ignore_index)
 
 
 def fused_linear_cross_entropy_sum(
@@ -97,7 +139,7 @@ def fused_linear_cross_entropy_sum(
     """Eager reference of the ``fused_linear`` variant: full logits, then :func:`cross_entropy_sum`."""
     _check_linear(hidden, weight, labels, bias, ignore_index)
     logits = F.linear(hidden, weight, bias)
-    return cross_entropy_sum(logits, labels, ignore_index=ignore_index)
+    return _cross_entropy_sum(logits, labels, ignore_index)
 
 
 def default_chunk_size(num_tokens: int, vocab_size: int) -> int:

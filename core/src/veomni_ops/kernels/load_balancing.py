@@ -6,8 +6,9 @@ router softmax and its top-k; over all layers and the tokens the attention mask 
 probability; loss = ``num_experts * sum_e f_e * P_e``. Differences, all deliberate: the
 result is always a tensor, float32 (float64 for float64 logits), where transformers
 returns the int ``0`` for a non-tuple input; a list is accepted as well as a tuple; an
-empty sequence is an error; the softmax runs in float32 (transformers: in the logits'
-dtype); the counts use ``scatter_add`` rather than ``bincount``, so the function traces
+empty sequence is an error; with no token counted (zero tokens, or a mask that keeps none)
+the loss is 0 with zero gradients, where transformers divides 0 by 0 (NaN); the softmax runs
+in float32 (transformers: in the logits' dtype); the counts use ``scatter_add`` rather than ``bincount``, so the function traces
 under ``torch.compile(fullgraph=True)`` and never synchronises with the host. Gradients
 reach the logits through ``P`` only (the top-k counts are not differentiable), as in
 transformers.
@@ -84,4 +85,7 @@ def load_balancing_loss(
             prob_sum = prob_sum + (probs * flat_mask.unsqueeze(-1)).sum(dim=0)
             rows = rows + flat_mask.sum()
         assignments = assignments.scatter_add(0, selected.reshape(-1), counts)
+    # No token counted (zero tokens, or the mask keeps none): f and P are 0, not 0/0 -- the loss
+    # is 0 with zero gradients, never NaN. Where rows > 0 this divides by rows itself.
+    rows = torch.where(rows > 0, rows, torch.ones_like(rows))
     return torch.sum((assignments / rows) * (prob_sum / rows)) * num_experts

@@ -2,6 +2,9 @@
 
 * :func:`check_moe_inputs` — the contract's shape/dtype/device checks, public so that
   every backend's adapter runs the same ones (with its own tag in the messages).
+* :func:`check_expert_index` — the contract's rule for expert indices: ``-1`` and ``E``
+  route nowhere (the expert-parallel sentinel), anything else outside ``[0, E)`` raises
+  ``ValueError``; public for adapters too. :func:`routed` marks the routes that reach an expert.
 * :func:`moe_experts_eager` — the reference: a Python loop over the experts that are hit,
   op for op as transformers' ``Qwen3MoeExperts.forward`` (so bitwise equal to it). It
   synchronises with the host (``nonzero``) and has data-dependent shapes: it does not
@@ -31,9 +34,69 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from .checks import check_float, check_integer, check_ndim, check_same_device, check_same_dtype, where
+from .checks import (
+    can_read_values,
+    check_float,
+    check_integer,
+    check_ndim,
+    check_same_device,
+    check_same_dtype,
+    device_assert,
+    value_range,
+    where,
+)
 
 _OP = "moe_experts"
+
+#: The expert index that, like ``E``, means "this route goes to no expert here" (what an
+#: expert-parallel dispatcher writes for a route whose expert lives on another rank).
+NO_EXPERT = -1
+
+
+def routed(top_k_index: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """Boolean ``[T, K]``: the routes whose expert is in ``[0, E)`` (the others contribute zero)."""
+    return (top_k_index >= 0) & (top_k_index < num_experts)
+
+
+def _index_message(op: str, value: int | None, num_experts: int) -> str:
+    held = f"holds {value}" if value is not None else "holds an index"
+    return (
+        f"{op}: top_k_index {held}, outside [0, {num_experts}) for E = {num_experts} experts; only -1 and "
+        f"E = {num_experts} may stand for 'no expert here' (the expert-parallel sentinel: the route contributes "
+        "zero), any other index is a routing bug"
+    )
+
+
+def check_expert_index(
+    top_k_index: torch.Tensor, num_experts: int, *, backend: str | None = None, always: bool = False
+) -> None:
+    """The contract's rule for expert indices: each in ``[0, E)``, or ``-1`` / ``E`` (routes nowhere).
+
+    Anything else raises ``ValueError`` naming the op (and ``backend``), the offending index
+    and E. Reading the indices costs one reduction and one host synchronisation, so:
+
+    * ``always=True`` -- for kernels that synchronise anyway (the eager loop, Liger);
+    * otherwise the values are read when :func:`~veomni_ops.kernels.checks.can_read_values`
+      allows it (CPU tensors; accelerators with ``VEOMNI_OPS_CHECK_VALUES=1``); on CUDA, and
+      while ``torch.compile`` traces, the rule is asserted on the device instead
+      (:func:`~veomni_ops.kernels.checks.device_assert`: no synchronisation; a failure stops
+      the process with CUDA's device-side assertion); on other accelerators it is not
+      checked and such an index routes nowhere, as the sentinels do (never out of bounds).
+    """
+    op = where(_OP, backend)
+    if always or can_read_values(top_k_index):
+        got = value_range(top_k_index)
+        if got is None:
+            return
+        lo, hi = got
+        if lo < NO_EXPERT:
+            raise ValueError(_index_message(op, lo, num_experts))
+        if hi > num_experts:
+            raise ValueError(_index_message(op, hi, num_experts))
+    elif top_k_index.device.type in ("cuda", "cpu") and top_k_index.numel():
+        device_assert(
+            ((top_k_index >= NO_EXPERT) & (top_k_index <= num_experts)).all(), _index_message(op, None, num_experts)
+        )
 
 
 def check_moe_inputs(
@@ -111,15 +174,25 @@ def moe_experts_eager(
     gate_up_proj: torch.Tensor,
     down_proj: torch.Tensor,
 ) -> torch.Tensor:
-    """Per-expert loop, exactly transformers' ``Qwen3MoeExperts.forward`` with SiLU."""
+    """Per-expert loop, exactly transformers' ``Qwen3MoeExperts.forward`` with SiLU.
+
+    As transformers, the one-hot mask has an extra class ``E`` that the loop skips; routes to
+    ``-1`` are mapped to it, so both sentinels contribute zero. Other indices outside
+    ``[0, E)`` raise (the loop synchronises anyway, so the check costs nothing extra).
+    """
     check_moe_inputs(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj)
     num_experts = gate_up_proj.shape[0]
+    check_expert_index(top_k_index, num_experts, always=True)
     final_hidden_states = torch.zeros_like(hidden_states)
     with torch.no_grad():
-        expert_mask = F.one_hot(top_k_index.long(), num_classes=num_experts).permute(2, 1, 0)  # [E, K, T]
+        index = top_k_index.long()
+        index = torch.where(index == NO_EXPERT, num_experts, index)
+        expert_mask = F.one_hot(index, num_classes=num_experts + 1).permute(2, 1, 0)  # [E + 1, K, T]
         expert_hit = torch.greater(expert_mask.sum(dim=(-1, -2)), 0).nonzero()
     for expert_idx in expert_hit:
         expert_idx = expert_idx[0]
+        if expert_idx == num_experts:
+            continue
         top_k_pos, token_idx = torch.where(expert_mask[expert_idx])
         current_state = hidden_states[token_idx]
         gate, up = F.linear(current_state, gate_up_proj[expert_idx]).chunk(2, dim=-1)
@@ -194,8 +267,10 @@ def moe_experts_grouped_mm(
 ) -> torch.Tensor:
     """Sort routes by expert, two grouped GEMMs, weighted combine; no loop, no host sync.
 
-    Routes whose index is outside ``[0, E)`` (transformers' expert-parallel sentinel is
-    ``E``) contribute nothing. Output in ``hidden_states.dtype``.
+    Routes to ``-1`` or ``E`` (the expert-parallel sentinels) contribute nothing; any other
+    index outside ``[0, E)`` is refused by :func:`check_expert_index` (a ``ValueError`` on the
+    CPU or with ``VEOMNI_OPS_CHECK_VALUES=1``, a device-side assertion on CUDA). Output in
+    ``hidden_states.dtype``.
     """
     check_moe_inputs(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj)
     _check_grouped(hidden_states, gate_up_proj)
@@ -203,9 +278,10 @@ def moe_experts_grouped_mm(
     k = top_k_index.shape[1]
     num_experts = gate_up_proj.shape[0]
     dtype = hidden_states.dtype
+    check_expert_index(top_k_index, num_experts)
 
     flat_index = top_k_index.reshape(-1).long()
-    in_range = (flat_index >= 0) & (flat_index < num_experts)
+    in_range = routed(flat_index, num_experts)
     # Out-of-range routes sort after every real expert, past the last group offset.
     key = torch.where(in_range, flat_index, torch.full_like(flat_index, num_experts))
     sorted_key, order = torch.sort(key, stable=True)

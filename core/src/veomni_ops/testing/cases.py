@@ -11,10 +11,11 @@ dtypes the outputs must have, and lists :class:`Case` objects per variant and si
 
 Every case builds fresh random inputs from a seed (:class:`Builder`): odd sizes, the layouts
 models actually pass (``[B, S, H, D]`` tensors transposed into ``[B, H, S, D]``, gate and up
-as two halves of one projection, rows with a stride), and the op's edge cases: experts with
-no tokens, every token to one expert, a token listing one expert twice, every label
-``ignore_index``, a non-default ``ignore_index``, padding masks, partial rotary, values wide
-enough that statistics computed in half precision would overflow.
+as two halves of one projection, rows with a stride), and the op's edge cases: mixed dtypes
+(a float32 norm weight with 16-bit activations), experts with no tokens, every token to one
+expert, a token listing one expert twice, every label ``ignore_index``, a non-default
+``ignore_index``, padding masks, partial rotary, values wide enough that statistics computed
+in half precision would overflow.
 
 Tensors are generated in float64 from seeded ``torch.Generator`` objects — on the device
 under test for the large random tensors (generating hundreds of millions of float64 values
@@ -157,10 +158,13 @@ def _rms_cases(variant: str, size: str) -> list[Case]:
     # standard weights sit around 1 (w * x̂); offset weights around 0 (x̂ * (1 + w)).
     shift = 1.0 if variant == "standard" else 0.0
 
-    def case(name, about, make_x, h, eps=1e-6):
+    def case(name, about, make_x, h, eps=1e-6, fp32_weight=False):
         def build(b: Builder):
             x = make_x(b)
-            return {"hidden_states": x, "weight": b.randn(h, scale=0.1, shift=shift), "eps": eps}
+            # Mixed precision: a float32 weight with 16-bit activations (the contract keeps the
+            # activations' dtype for the output); in float32/float64 runs the weight has the dtype.
+            wdt = torch.float32 if fp32_weight and b.dtype in (torch.bfloat16, torch.float16) else None
+            return {"hidden_states": x, "weight": b.randn(h, scale=0.1, shift=shift, dtype=wdt), "eps": eps}
 
         return Case(name, build, ("hidden_states", "weight"), about)
 
@@ -171,6 +175,8 @@ def _rms_cases(variant: str, size: str) -> list[Case]:
         case("wide-range-4x64", "|x| ~ 100: x² overflows float16 unless the statistics are float32",
              lambda b: b.randn(4, 64, scale=100.0), 64),
         case("one-row-1x256", "a single row", lambda b: b.randn(1, 256), 256, eps=1e-5),
+        case("fp32-weight-6x40", "float32 weight with bfloat16/float16 activations: output in the activations' dtype",
+             lambda b: b.randn(6, 40), 40, fp32_weight=True),
     ]
     full = [
         case("rows-1031x2560", "odd row count at a real hidden size", lambda b: b.randn(1031, 2560), 2560),
@@ -178,6 +184,8 @@ def _rms_cases(variant: str, size: str) -> list[Case]:
         case("strided-rows-777x2048", "rows with a stride", lambda b: b.strided(777, 2048, pad=64), 2048),
         case("wide-range-64x8192", "|x| ~ 100 at hidden 8192", lambda b: b.randn(64, 8192, scale=100.0), 8192),
         case("odd-hidden-300x5121", "odd hidden size past a power of two", lambda b: b.randn(300, 5121), 5121),
+        case("fp32-weight-512x4096", "float32 weight, 16-bit activations (mixed precision)",
+             lambda b: b.randn(512, 4096), 4096, fp32_weight=True),
     ]
     return _pick(size, small, full)
 

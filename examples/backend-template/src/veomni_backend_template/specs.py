@@ -11,6 +11,13 @@ from __future__ import annotations
 from veomni_ops.hookspecs import hookimpl
 from veomni_ops.spec import HardwareRequirement, KernelSpec, Tolerance
 
+# The veomni-ops plugin API versions this backend was built for: every release of the core
+# whose plugin API (veomni_ops.PLUGIN_API_VERSION) is 1.x. Outside this range discovery refuses
+# the backend with a load failure that says whether to upgrade veomni-ops or this backend;
+# without it, the backend loads with a warning. Raise the upper bound only after testing
+# against the new major version.
+VEOMNI_OPS_PLUGIN_API = ">=1.0,<2"
+
 
 @hookimpl
 def swiglu() -> list[KernelSpec]:

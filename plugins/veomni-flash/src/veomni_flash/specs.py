@@ -23,6 +23,10 @@ from veomni_ops.spec import HardwareRequirement, KernelSpec, Tolerance
 
 from .packages import PACKAGES
 
+#: The veomni-ops plugin API versions this backend is built for (docs/writing-a-backend.md,
+#: "The plugin API version"): outside it, discovery refuses the backend and says what to upgrade.
+VEOMNI_OPS_PLUGIN_API = ">=1.0,<2"
+
 #: Flash kernels take half precision only.
 _DTYPES = ("bfloat16", "float16")
 

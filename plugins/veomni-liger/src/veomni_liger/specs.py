@@ -28,6 +28,10 @@ from collections.abc import Mapping
 from veomni_ops.hookspecs import hookimpl
 from veomni_ops.spec import HardwareRequirement, KernelSpec, Tolerance
 
+#: The veomni-ops plugin API versions this backend is built for (docs/writing-a-backend.md,
+#: "The plugin API version"): outside it, discovery refuses the backend and says what to upgrade.
+VEOMNI_OPS_PLUGIN_API = ">=1.0,<2"
+
 NAME = "liger"
 PRIORITY = 20
 INSTALL_HINT = 'pip install "veomni-ops[liger]"'

@@ -37,9 +37,21 @@ from collections.abc import Mapping
 from veomni_ops.hookspecs import hookimpl
 from veomni_ops.spec import HardwareRequirement, KernelSpec, Tolerance
 
+#: The veomni-ops plugin API versions this backend is built for (docs/writing-a-backend.md,
+#: "The plugin API version"): outside it, discovery refuses the backend and says what to upgrade.
+VEOMNI_OPS_PLUGIN_API = ">=1.0,<2"
+
 NAME = "npu"
 PRIORITY = 20
-INSTALL_HINT = 'pip install "veomni-ops[npu]"'
+#: The plugin alone computes nothing: the kernels are torch-npu's, and torch-npu runs only on
+#: top of Ascend's CANN toolkit. The hint says all three (kernels/_npu.py says the same when
+#: the import fails).
+INSTALL_HINT = (
+    'pip install "veomni-ops[npu]", then Ascend\'s torch-npu built for your torch (pip install '
+    'torch-npu==<your torch version>, or pip install "veomni-npu[torch-npu]"), on a machine with an Ascend NPU '
+    "and the Ascend CANN toolkit installed and its environment sourced (source "
+    "/usr/local/Ascend/ascend-toolkit/set_env.sh): the npu kernels are torch-npu's, and torch-npu runs only on CANN"
+)
 DTYPES = ("float32", "bfloat16", "float16")
 _KERNELS = "veomni_npu.kernels"
 

@@ -174,6 +174,11 @@ def flash_attention_forward(
 
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     position_ids = kwargs.get("position_ids")
+    for m, cu, cu_name in (("max_length_q", cu_q, "cu_seq_lens_q"), ("max_length_k", cu_k, "cu_seq_lens_k")):
+        if kwargs.get(m) is not None and cu is None:
+            # a launch bound of a varlen call that has no packing to bound: refused, not ignored
+            raise _fail(backend, f"{m} is given without {cu_name}; pass the packing itself ({cu_name}), which "
+                                 "this kernel (and eager/sdpa) honour")
 
     if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):
         raise _fail(

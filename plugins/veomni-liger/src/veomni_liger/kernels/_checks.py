@@ -3,8 +3,9 @@
 Liger's own checks are ``assert`` statements (gone under ``python -O``) or none at all
 (an out-of-range label reads out of bounds). The adapters run these before any Liger call;
 every message names the op and this backend and says how to fix the input. Shape, dtype
-and device checks cost nothing; :func:`check_index_range` synchronises with the host, which
-the kernels that call it (cross-entropy, MoE) do anyway. Only the backend's tag and dtype
+and device checks cost nothing; :func:`check_index_range` (one reduction) synchronises with
+the host, which Liger's cross-entropy does anyway (the MoE adapter applies the core's
+``check_expert_index`` the same way, always: Liger's routing synchronises too). Only the backend's tag and dtype
 set are bound here: the checks themselves are the core's.
 """
 

@@ -7,8 +7,13 @@ top_k_index [T, K] int32, top_k_weights [T, K])`` -- the transformers v5 expert 
 adapter reorders the arguments (the contract puts the routing before the weights), casts
 the routing indices to int32, and checks what Liger does not:
 
-* every index in ``[0, E)`` (Liger's routing kernels would scatter out of bounds; this
-  check synchronises with the host, as Liger's routing does anyway);
+* the contract's index rule (:func:`veomni_ops.kernels.moe.check_expert_index`, always:
+  one reduction and one host synchronisation, as Liger's routing synchronises anyway):
+  ``-1`` and ``E`` (expert-parallel sentinels) route nowhere, any other index outside
+  ``[0, E)`` raises ``ValueError``. Liger has no notion of a route to no expert (its routing
+  kernels would scatter out of bounds), so sentinel routes are sent to expert 0 with
+  weight 0: they cost one row of GEMM work each and contribute exactly zero, and their
+  ``top_k_weights`` gradient is zero (``torch.where``);
 * E below 65535 (Liger packs the expert id into 16 bits, 0xFFFF marks padding);
 * hidden states and both weights of one dtype (``tl.dot`` needs it).
 
@@ -22,9 +27,9 @@ from __future__ import annotations
 
 import torch
 from liger_kernel.ops.fused_moe import LigerFusedMoEFunction
-from veomni_ops.kernels.moe import check_moe_inputs
+from veomni_ops.kernels.moe import check_expert_index, check_moe_inputs, routed
 
-from ._checks import BACKEND, check_index_range, check_integer, check_kernel_dtype
+from ._checks import BACKEND, check_integer, check_kernel_dtype
 
 _OP = "moe_experts"
 #: Liger stores the expert id in 16 bits and reserves 0xFFFF.
@@ -45,7 +50,7 @@ def _check(
     )
     if e >= MAX_EXPERTS:
         raise ValueError(f"{_OP} ({BACKEND}): {e} experts; Liger's routing supports at most {MAX_EXPERTS - 1}")
-    check_index_range(top_k_index, e, "top_k_index", _OP, f"the number of experts E = {e}")
+    check_expert_index(top_k_index, e, backend=BACKEND, always=True)
 
 
 def moe_experts(
@@ -61,6 +66,9 @@ def moe_experts(
     ``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``; returns ``[T, H]`` in the hidden dtype.
     """
     _check(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj)
-    # Liger's routing kernels read int32 indices; [T, K] is small.
-    index = top_k_index.to(torch.int32)
-    return LigerFusedMoEFunction.apply(hidden_states, gate_up_proj, down_proj, index, top_k_weights)
+    valid = routed(top_k_index, gate_up_proj.shape[0])
+    # Sentinel routes (-1, E) -> expert 0 with weight 0. Liger's routing kernels read int32
+    # indices; [T, K] is small.
+    index = torch.where(valid, top_k_index, torch.zeros_like(top_k_index)).to(torch.int32)
+    weights = torch.where(valid, top_k_weights, torch.zeros_like(top_k_weights))
+    return LigerFusedMoEFunction.apply(hidden_states, gate_up_proj, down_proj, index, weights)

@@ -21,9 +21,13 @@ npu_group_gemm.py``), written from the torch_npu / CANN documentation:
 (what VeOmni's ``GmmFunction`` does): ``dX = gmm(dY, W^T)`` grouped over M, and
 ``dW = gmm(X^T, dY)`` grouped over K (``group_type=2``), one ``[K, N]`` block per expert.
 
-Routes whose expert id is outside ``[0, E)`` (transformers' expert-parallel sentinel)
-contribute nothing, as in the core's ``grouped_mm`` kernel: they are sent to expert 0 with
-weight 0 (their rows are computed and multiplied by zero; no host sync to drop them).
+Routes to expert ``-1`` or ``E`` (the contract's expert-parallel sentinels) contribute
+nothing, as in the core's ``grouped_mm`` kernel: they are sent to expert 0 with weight 0
+(their rows are computed and multiplied by zero; no host sync to drop them). Any other index
+outside ``[0, E)`` is refused by the core's ``check_expert_index`` with a ``ValueError``
+naming it and E when the values can be read without a cost (``VEOMNI_OPS_CHECK_VALUES=1``,
+or CPU tensors in the tests' stand-in); on the NPU without that switch it is not checked (a
+check would synchronise with the host) and routes nowhere like a sentinel, never out of bounds.
 
 Documented limits checked here: K <= 512 (permute/unpermute), E <= 1024 groups, H and 2I
 below 65536 (grouped-matmul inner-axis limit). The permute/unpermute kernels are listed for
@@ -35,7 +39,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from veomni_ops.kernels.moe import check_moe_inputs
+from veomni_ops.kernels.moe import check_expert_index, check_moe_inputs, routed
 
 from ._npu import BACKEND, check_integer, check_kernel_dtype, torch_npu
 
@@ -99,6 +103,7 @@ def _check(
             f"{_OP} (npu): npu_grouped_matmul needs the hidden size ({h}) and 2 x intermediate size ({two_i}) "
             f"below {INNER_LIMIT}; use another moe_implementation (e.g. 'eager') for this model"
         )
+    check_expert_index(top_k_index, e, backend=BACKEND)
 
 
 def moe_experts(
@@ -115,7 +120,7 @@ def moe_experts(
     dtype = hidden_states.dtype
     if t == 0:
         return hidden_states * 0  # the permute kernel takes no empty input; an empty result, in the graph
-    valid = (top_k_index >= 0) & (top_k_index < num_experts)
+    valid = routed(top_k_index, num_experts)
     index = torch.where(valid, top_k_index, torch.zeros_like(top_k_index)).to(torch.int32)
     # The unpermute kernel takes probs in the tokens' dtype (the model's routing weights are
     # cast to the hidden dtype before the weighted sum, as the eager reference's product is).

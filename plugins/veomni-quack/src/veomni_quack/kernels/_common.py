@@ -15,6 +15,7 @@ import math
 from types import ModuleType
 
 import torch
+from veomni_ops.kernels import checks
 
 INSTALL_HINT = 'pip install "veomni-ops[quack]"'
 
@@ -108,17 +109,14 @@ def check_labels(labels: object, n: int, ignore_index: object, op: str) -> torch
 def check_label_range(labels: torch.Tensor, vocab: int, ignore_index: int, op: str) -> None:
     """Labels outside ``[0, V)`` other than ``ignore_index`` would make Quack read out of bounds.
 
-    One device-to-host synchronisation per call (why the specs say supports_compile=False).
+    The core's check (:func:`veomni_ops.kernels.checks.check_index_range`): one reduction and
+    one device-to-host synchronisation per call, always -- Quack's adapters synchronise anyway
+    (why the specs say supports_compile=False). The message names the op and the label.
     """
-    if labels.numel() == 0:
-        return
-    bad = ((labels < 0) | (labels >= vocab)) & (labels != ignore_index)
-    if bool(bad.any()):
-        first = labels[bad][0].item()
-        raise ValueError(
-            f"{op} (quack): label {first} is outside [0, {vocab}) and is not ignore_index ({ignore_index}); "
-            "fix the labels (Quack would read out of bounds)"
-        )
+    checks.check_index_range(
+        labels, vocab, "labels", op, f"the vocabulary size V = {vocab}", ignore=ignore_index, backend="quack",
+        consequence="fix the labels (Quack would read out of bounds)",
+    )
 
 
 def layout_div(n: int, *tensors: torch.Tensor | None) -> int:

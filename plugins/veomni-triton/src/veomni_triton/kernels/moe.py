@@ -34,9 +34,13 @@ Every tensor that crosses the Python boundary goes through ``torch.library`` cus
 (``veomni_triton::moe_experts_fwd`` / ``_bwd``) with fake implementations and a registered
 autograd formula, so ``torch.compile(fullgraph=True)`` traces through without a graph break.
 
-Expert indices outside ``[0, E)`` (e.g. transformers' expert-parallel sentinel ``E``) are
-skipped: such a route contributes nothing and gets zero gradient. They are not checked,
-because checking would read device memory on the host (a synchronisation).
+Expert indices ``-1`` and ``E`` (the expert-parallel sentinels of the contract) are skipped:
+such a route contributes nothing and gets zero gradient. Any other index outside ``[0, E)`` is
+refused by the core's :func:`~veomni_ops.kernels.moe.check_expert_index`: a ``ValueError``
+naming the index and E on CPU tensors (the interpreter) or with ``VEOMNI_OPS_CHECK_VALUES=1``;
+otherwise a device-side assertion (``torch._assert_async``: one tiny reduction, no host
+synchronisation, also under ``torch.compile``). The kernels themselves would skip it like a
+sentinel (never read out of bounds).
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from dataclasses import dataclass, replace
 
 import torch
 import triton
+from veomni_ops.kernels.moe import check_expert_index
 
 from ._common import as_rows, check_device, check_float, interpreter_active, next_pow2
 from .moe_kernels import (
@@ -529,6 +534,7 @@ def moe_experts(
     x = as_rows(hidden_states, h)
     k = top_k_index.shape[-1]
     idx = top_k_index.reshape(-1, k).contiguous()
+    check_expert_index(idx, num_experts, backend="triton")
     weights = top_k_weights.reshape(-1, k).contiguous()
     if idx.shape[0] != x.shape[0]:
         raise ValueError(

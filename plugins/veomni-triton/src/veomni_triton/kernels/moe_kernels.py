@@ -9,7 +9,8 @@ Vocabulary shared by every kernel here:
 * ``offs[e] .. offs[e + 1]`` are the sorted rows of expert ``e`` (``offs`` has ``E + 1``
   entries, computed on the device). Routes whose expert index lies outside ``[0, E)`` fall
   outside every expert's range: no tile sees them and the combine kernel skips them, which is
-  how transformers treats its expert-parallel sentinel index ``E``.
+  what the contract asks for its expert-parallel sentinels ``-1`` and ``E`` (any other such
+  index is refused before the launch, see :mod:`.moe`).
 
 M-grouped GEMMs (one row per sorted route) are launched with a grid sized from a bound that
 the host knows without reading device memory: ``cdiv(TK, BLOCK_M) + min(E, TK)`` M-tiles
