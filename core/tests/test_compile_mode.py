@@ -80,3 +80,35 @@ def test_kit_verifies_the_reference_claims(op):
     for rk in reg.for_op(op):
         if rk.spec.supports_compile:
             assert check_compiles(reg, op, rk.spec.variant, rk.spec.name) is None
+
+
+def _with_triton_like_norm():
+    """The reference plus a priority-30 rms_norm kernel that says it compiles (as veomni-triton's)."""
+    mod = types.ModuleType("compile_pref_specs")
+
+    @hookimpl
+    def rms_norm():
+        return [KernelSpec(name="fastnorm", op="rms_norm", variant="standard", supports_compile=True, priority=30,
+                           factory="veomni_ops.kernels.rms_norm:rms_norm_standard",
+                           hardware=veomni_ops.HardwareRequirement(("cuda", "cpu")))]
+
+    mod.rms_norm = rms_norm
+    return build_registry(modules=[("eager", reference), ("pref", mod)], include_entry_points=False, env={})
+
+
+def test_compile_mode_auto_takes_the_measured_choice_on_cuda_only():
+    reg = _with_triton_like_norm()
+    needs = {"rms_norm": ["standard"], "cross_entropy": [("fused_linear", "logits")]}
+    plan = veomni_ops.resolve({}, "cuda:9.0", needs=needs, registry=reg, compile=True, load=False)
+    norm, ce = plan.get("rms_norm", "standard"), plan.get("cross_entropy", "logits")
+    assert norm.kernel == "eager" and "compile mode" in norm.reason and "compile-ablation" in norm.reason
+    assert ce is not None and ce.kernel == "eager" and plan.get("cross_entropy", "fused_linear") is None
+    # Not compile mode, or not a measured device: the priority order.
+    assert veomni_ops.resolve({}, "cuda:9.0", needs=needs, registry=reg, load=False).get(
+        "rms_norm", "standard").kernel == "fastnorm"
+    assert veomni_ops.resolve({}, "cpu", needs=needs, registry=reg, compile=True).get(
+        "rms_norm", "standard").kernel == "fastnorm"
+    # A named kernel is never replaced.
+    named = veomni_ops.resolve({"rms_norm_implementation": "fastnorm"}, "cuda:9.0", needs=needs, registry=reg,
+                               compile=True, load=False)
+    assert named.get("rms_norm", "standard").kernel == "fastnorm"

@@ -555,7 +555,29 @@ def _tie_rule(a: RegisteredKernel, b: RegisteredKernel) -> str:
     return "distribution name order"
 
 
+def _compile_preference(reg, op, alts, c: _Ctx) -> PlanEntry | None:
+    """Compile-mode auto: the measured choice of :mod:`.compile_policy`, where it is usable here."""
+    from .compile_policy import EVIDENCE, preference
+
+    pref = preference(op, tuple(alts), c.dev.type)
+    if pref is None:
+        return None
+    rk = reg.get(op, pref.variant, pref.kernel) if not reg.is_contested(op, pref.kernel) else None
+    if rk is None or c.problem(rk.spec) is not None:
+        return None
+    try:
+        entry = _entry(rk, AUTO, "", c.load)
+    except Exception:
+        return None
+    return dataclasses.replace(entry, reason=f"auto (compile mode): {pref.kernel} by measurement: {pref.why} "
+                                             f"[{EVIDENCE}]")
+
+
 def _resolve_auto(reg, op, alts, c: _Ctx) -> PlanEntry | Refusal:
+    if c.compile:
+        got = _compile_preference(reg, op, alts, c)
+        if got is not None:
+            return got
     cands = [k for v in alts for k in reg.for_op(op, v)]
     # See AUTO_ORDER: priority, preferred variant, origin (core, first-party, others), name, distribution.
     order = {v: i for i, v in enumerate(alts)}
