@@ -69,7 +69,7 @@ def plugin(session: nox.Session, name: str) -> None:
 def template(session: nox.Session) -> None:
     """The third-party backend template: build its wheel, install it beside the core, test and check it."""
     _base(session)
-    session.install(*CONSTRAINTS, "build", "wheel")
+    session.install(*CONSTRAINTS, "build", "wheel", "setuptools>=77")
     session.run("bash", "examples/backend-template/ci.sh", external=True,
                 env={"PYTHON": os.path.join(session.bin, "python")})
 
@@ -78,7 +78,8 @@ def template(session: nox.Session) -> None:
 def packaging(session: nox.Session) -> None:
     """Build every wheel, install them into a fresh environment, discover them via entry points."""
     session.install(TORCH)
-    session.install(*CONSTRAINTS, "-e", "core", "pytest>=8", "build", "wheel")
+    # setuptools >= 77 reads the SPDX license form; the wheels are built with it, without isolation.
+    session.install(*CONSTRAINTS, "-e", "core", "pytest>=8", "build", "wheel", "setuptools>=77")
     session.run("pytest", "tests/packaging", "-q", "-m", "packaging", *session.posargs)
 
 

@@ -1,7 +1,8 @@
 import warnings
 
 import pytest
-from veomni_ops import ConfigError, OpsConfig
+from veomni_ops import ConfigError, OpsConfig, resolve
+from veomni_ops.config import UNMANAGED_FIELDS, LegacyValueWarning, UnmanagedFieldWarning
 
 VEOMNI_YAML = """
 model:
@@ -42,7 +43,6 @@ def test_veomni_yaml_loads_unchanged(tmp_path):
     "field,value,expected",
     [
         ("moe_implementation", "fused", "triton"),
-        ("moe_implementation", "fused_quack", "quack"),
         ("moe_implementation", "fused_npu", "npu"),
         ("cross_entropy_loss_implementation", "chunk_loss", "chunked"),
         ("attn_implementation", "veomni_flash_attention_4_with_sp", "flash_attention_4"),
@@ -84,3 +84,181 @@ def test_removed_env_vars_fail_with_fix(monkeypatch, var):
     monkeypatch.setenv(var, "1")
     with pytest.raises(ConfigError, match=f"{var} is set, but it was removed: set .*_implementation"):
         OpsConfig.from_dict({})
+
+
+# ----------------------------------------------------------------------------------------
+# every problem at once; "did you mean" only when close
+# ----------------------------------------------------------------------------------------
+
+
+def test_unknown_fields_and_bad_values_are_reported_together():
+    with pytest.raises(ConfigError) as ei:
+        OpsConfig.from_dict({"rms_norm_impl": "liger", "foo_implementation": "x", "swiglu_mlp_implementation": 3,
+                             "attn_implementation": " "})
+    msg = str(ei.value)
+    assert msg.startswith("4 problems in ops_implementation:\n  - ")
+    assert len(ei.value.problems) == 4
+    assert "'rms_norm_impl'; did you mean 'rms_norm_implementation'?" in msg
+    assert "unknown ops_implementation field 'foo_implementation'" in msg
+    assert "swiglu_mlp_implementation must be a string kernel name, got int 3" in msg
+    assert "attn_implementation is empty" in msg
+
+
+def test_bad_values_of_one_config_are_reported_together():
+    with pytest.raises(ConfigError) as ei:
+        OpsConfig(rms_norm_implementation=3, moe_implementation="1nvalid")
+    assert len(ei.value.problems) == 2
+    assert "rms_norm_implementation must be a string" in str(ei.value) and "moe_implementation:" in str(ei.value)
+
+
+@pytest.mark.parametrize("key,guess", [
+    ("rms_norm_impl", "rms_norm_implementation"),
+    ("rmsnorm_implementation", "rms_norm_implementation"),
+    ("attention_implementation", "attn_implementation"),
+    ("rope_implementation", "rotary_pos_emb_implementation"),
+    ("moe_experts_implementation", "moe_implementation"),
+    ("causal_conv_1d_implementation", "causal_conv1d_implementation"),
+    ("rms_norm_implmentation", "rms_norm_implementation"),
+    ("swiglu_mlp_implementaton", "swiglu_mlp_implementation"),
+])
+def test_did_you_mean_when_close(key, guess):
+    with pytest.raises(ConfigError, match=f"unknown ops_implementation field '{key}'; did you mean '{guess}'"):
+        OpsConfig.from_dict({key: "eager"})
+
+
+@pytest.mark.parametrize("key", ["foo_implementation", "gdn_implementation", "ce_implementation", "use_liger"])
+def test_no_did_you_mean_when_not_close(key):
+    # Sharing the "_implementation" suffix is not closeness ("foo_implementation" is not "moe_implementation").
+    with pytest.raises(ConfigError) as ei:
+        OpsConfig.from_dict({key: "eager"})
+    assert "did you mean" not in str(ei.value)
+    assert "the fields are: attn_implementation, rms_norm_implementation" in str(ei.value)
+
+
+# ----------------------------------------------------------------------------------------
+# VeOmni fields for ops veomni-ops does not manage
+# ----------------------------------------------------------------------------------------
+
+QWEN3_5_YAML = """
+model:
+  ops_implementation:
+    attn_implementation: flash_attention_2
+    rms_norm_implementation: eager
+    rms_norm_gated_implementation: fla
+    causal_conv1d_implementation: fla
+    chunk_gated_delta_rule_implementation: flash_qla
+"""
+
+
+def test_qwen3_5_fields_are_kept_as_unmanaged_with_a_warning(tmp_path):
+    p = tmp_path / "qwen3_5.yaml"
+    p.write_text(QWEN3_5_YAML)
+    with pytest.warns(UnmanagedFieldWarning) as rec:
+        cfg = OpsConfig.from_yaml(p)
+    assert dict(cfg.unmanaged) == {"rms_norm_gated_implementation": "fla", "causal_conv1d_implementation": "fla",
+                                   "chunk_gated_delta_rule_implementation": "flash_qla"}
+    assert cfg.attn_implementation == "flash_attention_2" and cfg.rms_norm_implementation == "eager"
+    (w,) = rec
+    msg = str(w.message)
+    assert "veomni-ops does not manage" in msg and "not applied" in msg
+    for k in ("rms_norm_gated_implementation='fla'", "causal_conv1d_implementation='fla'",
+              "chunk_gated_delta_rule_implementation='flash_qla'", "GatedDeltaNet"):
+        assert k in msg
+    assert w.filename == __file__  # the caller's line
+    assert "unmanaged" not in cfg.to_dict() and len(cfg.to_dict()) == 7
+    hash(cfg)  # still a frozen, hashable value
+    assert OpsConfig(unmanaged=dict(cfg.unmanaged)) == OpsConfig(unmanaged=cfg.unmanaged)
+
+
+def test_unmanaged_fields_are_every_veomni_field_beyond_ours():
+    assert {"rms_norm_gated_implementation", "causal_conv1d_implementation",
+            "chunk_gated_delta_rule_implementation"} <= set(UNMANAGED_FIELDS)
+    assert not set(UNMANAGED_FIELDS) & set(OpsConfig().to_dict())
+
+
+def test_unmanaged_bad_values_join_the_other_problems():
+    with pytest.raises(ConfigError) as ei:
+        OpsConfig.from_dict({"causal_conv1d_implementation": 3, "bogus_field": "x"})
+    assert len(ei.value.problems) == 2
+    assert "causal_conv1d_implementation must be a string" in str(ei.value)
+    with pytest.raises(ConfigError, match="not a field veomni-ops knows as unmanaged"):
+        OpsConfig(unmanaged={"rms_norm_implementation": "liger"})
+
+
+def test_no_unmanaged_warning_without_unmanaged_fields():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert OpsConfig.from_dict({"rms_norm_implementation": "eager"}).unmanaged == ()
+        assert OpsConfig.from_dict({"causal_conv1d_implementation": None}).unmanaged == ()  # VeOmni's default
+
+
+# ----------------------------------------------------------------------------------------
+# legacy values
+# ----------------------------------------------------------------------------------------
+
+
+def _legacy_warnings(fn):
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        fn()
+    return [w for w in rec if issubclass(w.category, DeprecationWarning)]
+
+
+@pytest.mark.parametrize("how", ["init", "from_dict", "from_yaml", "resolve"])
+def test_legacy_warning_points_at_the_callers_line(tmp_path, how):
+    p = tmp_path / "legacy.yaml"
+    p.write_text("rms_norm_implementation: liger_kernel\n")
+    calls = {
+        "init": lambda: OpsConfig(rms_norm_implementation="liger_kernel"),
+        "from_dict": lambda: OpsConfig.from_dict({"rms_norm_implementation": "liger_kernel"}),
+        "from_yaml": lambda: OpsConfig.from_yaml(p),
+        "resolve": lambda: resolve(str(p), "cpu", needs={}),
+    }
+    (w,) = _legacy_warnings(calls[how])
+    assert issubclass(w.category, LegacyValueWarning)
+    assert "write rms_norm_implementation: liger" in str(w.message)
+    assert w.filename == __file__, f"attributed to {w.filename}:{w.lineno}, not to the caller"
+
+
+def test_qualified_legacy_names_map_too():
+    with pytest.warns(DeprecationWarning, match="write rms_norm_implementation: liger@veomni-liger"):
+        cfg = OpsConfig(rms_norm_implementation="liger_kernel@veomni-liger")
+    assert cfg.rms_norm_implementation == "liger@veomni-liger"
+    with pytest.warns(DeprecationWarning, match="write moe_implementation: triton@veomni-triton"):
+        assert OpsConfig(moe_implementation="Fused_Triton@Veomni_Triton").moe_implementation == "triton@veomni-triton"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert OpsConfig(rms_norm_implementation="liger@veomni-liger").rms_norm_implementation == "liger@veomni-liger"
+
+
+@pytest.mark.parametrize("value", ["fused_quack", "fused_quack@veomni-quack"])
+def test_fused_quack_is_refused_with_what_to_write(value):
+    with pytest.raises(ConfigError) as ei:
+        OpsConfig(moe_implementation=value)
+    msg = str(ei.value)
+    assert f"moe_implementation: {value!r} was VeOmni's Quack" in msg
+    assert "no Quack MoE kernel" in msg and "moe_implementation: triton" in msg and "grouped_mm" in msg
+
+
+def test_missing_yaml_is_named(tmp_path):
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(ConfigError, match=f"{missing}: no such file"):
+        OpsConfig.from_yaml(missing)
+
+
+def test_yaml_problems_name_the_file(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("rms_norm_implementation: 3\nfoo_implementation: x\n")
+    with pytest.raises(ConfigError) as ei:
+        OpsConfig.from_yaml(p)
+    assert str(ei.value).startswith(f"{p}: 2 problems in ops_implementation:")
+    assert len(ei.value.problems) == 2
+
+
+def test_a_single_yaml_problem_names_the_file_after_it(tmp_path):
+    p = tmp_path / "typo.yaml"
+    p.write_text("rms_norm_implmentation: eager\n")
+    with pytest.raises(ConfigError) as ei:
+        OpsConfig.from_yaml(p)
+    assert str(ei.value) == ("unknown ops_implementation field 'rms_norm_implmentation'; did you mean "
+                             f"'rms_norm_implementation'? (in {p})")

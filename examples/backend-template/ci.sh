@@ -33,11 +33,11 @@ step "build the wheel"
 # From a copy, so that the build leaves nothing (build/, *.egg-info) in the source tree.
 mkdir -p "$WORK/src"
 (cd "$HERE" && tar --exclude=build --exclude='*.egg-info' --exclude=__pycache__ -cf - .) | tar -xf - -C "$WORK/src"
-# Build offline when the environment can (setuptools >= 70.1 builds wheels itself, older needs `wheel`).
+# Build offline when the environment can: setuptools >= 77 (the SPDX `license = "Apache-2.0"` form) builds wheels itself.
 if "$PY" -c "
 import importlib.util, setuptools
 from packaging.version import Version
-ok = importlib.util.find_spec('wheel') is not None or Version(setuptools.__version__) >= Version('70.1')
+ok = Version(setuptools.__version__) >= Version('77')
 raise SystemExit(0 if ok else 1)" 2>/dev/null; then
     "$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$WORK/dist" "$WORK/src"
 else

@@ -1,23 +1,34 @@
 """The ``veomni-ops`` command.
 
-    veomni-ops plugins [--json]                      what is installed, loaded, usable here
+    veomni-ops plugins [--device D] [--json]         what is installed, loaded, usable here (or on D)
     veomni-ops resolve CONFIG [--device D] [--json]  the plan a config gives on a device
     veomni-ops train CONFIG [--compare OTHER] [--baseline NAME]...
                                                      the main job (see veomni_ops.train)
     veomni-ops check [--backend NAME] [--op OP]      every usable kernel against the reference
     veomni-ops bench [--op OP] [--preset NAME]       every usable kernel against eager, timed
 
-Exit codes: 0 ok; 1 the request was refused or a check failed (explanation on stderr);
-2 bad usage.
+Exit codes: 0 ok; 1 the request was refused or a check failed (explanation on stderr; with
+the ``--json`` flag also ``{"error": ..., "kind": ...}`` on stdout); 2 bad usage.
+
+Planning for another device (``--device cuda:9.0`` on a laptop) imports no kernel, and a
+kernel's ``requires`` cannot be checked there: this machine's installed packages say nothing
+about the target's. Requirements this machine does not meet are reported as "not checked
+here: requires X", not refused. Config warnings (legacy values, fields veomni-ops does not
+manage) are printed on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
+import os
 import sys
-from collections.abc import Sequence
+import traceback
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 #: Subcommands that live in their own modules: name -> (module, help). Each module has
 #: ``configure(parser)`` and ``run(args) -> int``; imported only when that command runs.
@@ -27,6 +38,64 @@ EXTERNAL_COMMANDS = {
     "bench": ("veomni_ops.bench", "benchmark every usable kernel against eager"),
 }
 
+#: Set to 1 to see the traceback of an unexpected failure of ``veomni-ops train`` (and of
+#: every plugin load and hook call: see veomni_ops.discovery).
+ENV_TRACE = "VEOMNI_OPS_TRACE"
+
+
+# ----------------------------------------------------------------------------------------
+# Planning for another device
+# ----------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def requirements_not_checked(unchecked: list[str]) -> Iterator[None]:
+    """Within: a kernel's ``requires`` that this machine does not satisfy is appended to
+    ``unchecked`` instead of making the kernel unusable. For planning for another device,
+    whose installed packages this machine cannot see.
+
+    (Swaps :func:`veomni_ops.resolve.requirement_problem`, which ``static_problem`` calls; to be
+    replaced by a ``check_requires`` switch of ``resolve()`` itself.)
+    """
+    res = importlib.import_module("veomni_ops.resolve")  # the module (the package's `resolve` is the function)
+    real = res.requirement_problem
+
+    def recording(text: str) -> str | None:
+        why = real(text)
+        if why is not None and text not in unchecked:
+            unchecked.append(text)
+        return None
+
+    res.requirement_problem = recording
+    try:
+        yield
+    finally:
+        res.requirement_problem = real
+
+
+def _unmet(requires: Sequence[str]) -> list[str]:
+    """The requirements of ``requires`` this machine does not satisfy."""
+    from .resolve import requirement_problem
+
+    return [r for r in requires if requirement_problem(r) is not None]
+
+
+def _remote(dev) -> bool:
+    from .resolve import is_local
+
+    return not is_local(dev)
+
+
+def _here() -> str:
+    from .device import _detected
+
+    return str(_detected())
+
+
+# ----------------------------------------------------------------------------------------
+# Commands
+# ----------------------------------------------------------------------------------------
+
 
 def _cmd_plugins(args: argparse.Namespace) -> int:
     from .device import current_device
@@ -35,18 +104,29 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
 
     reg = discover()
     dev = current_device(args.device)
+    remote = _remote(dev)
     kernels = []
     for rk in reg:
-        # Checks and, on this machine's device, an import of its kernel: one that fails is not usable.
-        why = kernel_problem(rk, dev, training=False, registry=reg)
+        unchecked: list[str] = []
+        if remote:  # no import, and requirements of the target machine cannot be seen from here
+            with requirements_not_checked(unchecked):
+                why = kernel_problem(rk, dev, training=False, registry=reg, probe=False)
+        else:
+            # Checks and, on this machine's device, an import of its kernel: one that fails is not usable.
+            why = kernel_problem(rk, dev, training=False, registry=reg)
         kernels.append({**rk.spec.to_dict(), "distribution": rk.provenance.distribution,
-                        "version": rk.provenance.version, "usable": why is None, "why_not": why or ""})
+                        "version": rk.provenance.version, "usable": why is None, "why_not": why or "",
+                        "not_checked": [f"requires {r}" for r in unchecked] if why is None else []})
     if args.json:
-        out = {"device": dev.to_dict(), "discovery_ms": round(reg.discovery_seconds * 1e3, 2),
+        out = {"device": dev.to_dict(), "planned_from": _here() if remote else None,
+               "discovery_ms": round(reg.discovery_seconds * 1e3, 2),
                "plugins": [p.to_dict() for p in reg.plugins], "kernels": kernels}
         print(json.dumps(out, indent=2))
         return 0
     print(f"device: {dev}" + (f" ({dev.name})" if dev.name else ""))
+    if remote:
+        print(f"  judged from this {_here()} machine: kernels are not imported, and requirements this machine "
+              "does not meet are not checked (\"not checked here\")")
     print(f"plugins (group veomni_ops.backends, discovered in {reg.discovery_seconds * 1e3:.1f} ms):")
     for p in reg.plugins:
         line = f"  {p.provenance.entry_point:<10} {p.provenance.distribution} {p.provenance.version}: {p.status}"
@@ -56,7 +136,7 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
             line += f" (at {p.phase})"
         print(line)
     print("kernels:")
-    rows = [("op", "variant", "kernel", "hardware", "from", "usable here")]
+    rows = [("op", "variant", "kernel", "hardware", "from", f"usable there ({dev})" if remote else "usable here")]
     for k in kernels:
         hw = k["hardware"]
         hwtxt = "/".join(hw["device_types"])
@@ -64,8 +144,13 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
             lo = ".".join(map(str, hw["min_capability"] or [])) or ""
             hi = ".".join(map(str, hw["max_capability"] or [])) or ""
             hwtxt += f" sm{lo}..{hi}"
-        rows.append((k["op"], k["variant"], k["name"], hwtxt, k["distribution"],
-                     "yes" if k["usable"] else f"no: {k['why_not']}"))
+        if not k["usable"]:
+            usable = f"no: {k['why_not']}"
+        elif k["not_checked"]:
+            usable = f"yes; not checked here: {', '.join(k['not_checked'])}"
+        else:
+            usable = "yes"
+        rows.append((k["op"], k["variant"], k["name"], hwtxt, k["distribution"], usable))
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     for r in rows:
         print("  " + "  ".join(c.ljust(w) for c, w in zip(r[:5], widths)) + "  " + r[5])
@@ -73,15 +158,40 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
 
 
 def _cmd_resolve(args: argparse.Namespace) -> int:
-    from .config import OpsConfig
+    from .config import UNMANAGED_FIELDS, OpsConfig
     from .device import current_device
     from .resolve import resolve
 
     dev = current_device(args.device)
     cfg = OpsConfig.from_yaml(args.config)
+    remote = _remote(dev)
+    unchecked: list[str] = []
     # Kernels are imported only when resolving for the device this process runs on.
-    plan = resolve(cfg, dev, training=not args.inference)
-    print(plan.to_json() if args.json else plan.table())
+    with requirements_not_checked(unchecked) if remote else contextlib.nullcontext():
+        plan = resolve(cfg, dev, training=not args.inference)
+    not_checked = [{"op": e.op, "variant": e.variant, "kernel": e.kernel, "distribution": e.distribution,
+                    "requires": unmet} for e in plan.entries if remote and (unmet := _unmet(e.spec.requires))]
+    unmanaged = dict(cfg.unmanaged)
+    if args.json:
+        out: dict[str, Any] = plan.to_dict()
+        out["planned_from"] = _here() if remote else None
+        out["not_checked"] = not_checked
+        out["unmanaged"] = unmanaged
+        print(json.dumps(out, indent=2))
+        return 0
+    print(plan.table())
+    if remote:
+        print(f"\nplanned for {dev} from this {_here()} machine: no kernel was imported, and requirements this "
+              "machine does not meet were not checked (the target's installed packages cannot be seen from here)"
+              + (":" if not_checked else "."))
+        for n in not_checked:
+            print(f"  not checked here: {n['op']}/{n['variant']} {n['kernel']} ({n['distribution']}) requires "
+                  + ", ".join(n["requires"]))
+    if unmanaged:
+        print("\nnot managed by veomni-ops (kept as given, not applied; the model's own code runs these ops):")
+        width = max(map(len, unmanaged))
+        for k, v in unmanaged.items():
+            print(f"  {k.ljust(width)}  {v}  ({UNMANAGED_FIELDS[k]})")
     return 0
 
 
@@ -119,6 +229,65 @@ def _unavailable(name: str) -> int:
     return 2
 
 
+# ----------------------------------------------------------------------------------------
+# Errors and warnings
+# ----------------------------------------------------------------------------------------
+
+
+def error_text(e: BaseException, refusal: bool = True) -> str:
+    """One message for ``e``: a refusal's own words; a missing file by its path; anything
+    else (an unexpected failure) with its type."""
+    if isinstance(e, FileNotFoundError) and e.filename is not None:
+        return f"{os.fsdecode(e.filename)}: no such file (looked in {os.getcwd()})"
+    if isinstance(e, IsADirectoryError) and e.filename is not None:
+        return f"{os.fsdecode(e.filename)}: is a directory, not a file"
+    if refusal:
+        return str(e)
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+
+def _problems(e: BaseException) -> list[str] | None:
+    refusals = getattr(e, "refusals", None)
+    if refusals:
+        return [r.describe() for r in refusals]
+    problems = getattr(e, "problems", None)
+    return list(problems) if problems and len(problems) > 1 else None
+
+
+def _report(args: argparse.Namespace, e: BaseException, message: str) -> None:
+    """The error on stderr; with ``--json`` (the flag of plugins, resolve, train and check;
+    bench's ``--json FILE`` names a file) also as JSON on stdout, where the output was due."""
+    if getattr(args, "json", None) is True:
+        out: dict[str, Any] = {"error": message, "kind": type(e).__name__, "command": args.command}
+        problems = _problems(e)
+        if problems:
+            out["problems"] = problems
+        print(json.dumps(out, indent=2))
+    print(f"veomni-ops {args.command}: {message}", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def _config_warnings(command: str, show: bool) -> Iterator[None]:
+    """Config warnings (legacy values, unmanaged fields) reach the user: one line each on
+    stderr, whatever Python's default filters say about DeprecationWarning."""
+    from .config import LegacyValueWarning, UnmanagedFieldWarning
+
+    ours = (LegacyValueWarning, UnmanagedFieldWarning)
+    with warnings.catch_warnings():
+        for category in ours:
+            warnings.simplefilter("always" if show else "ignore", category)
+        shown = warnings.showwarning
+
+        def show_warning(message, category, filename, lineno, file=None, line=None):
+            if issubclass(category, ours):
+                print(f"veomni-ops {command}: warning: {message}", file=sys.stderr)
+            else:
+                shown(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show_warning
+        yield
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from .config import ConfigError
     from .device import DeviceError
@@ -127,7 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     refusals: tuple[type[BaseException], ...] = (
-        ResolutionError, ConfigError, DeviceError, PluginLoadError, FileNotFoundError,
+        ResolutionError, ConfigError, DeviceError, PluginLoadError, FileNotFoundError, IsADirectoryError,
     )
     try:
         from .binding import BindingError
@@ -141,10 +310,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         refusals += (RunFailed, TrainConfigError)
     except ImportError:
         pass
+    # A run of `train --compare/--baseline` in its child process: the parent already showed the warnings.
+    child = bool(getattr(args, "result_file", None))
     try:
-        return int(args.func(args) or 0)
+        with _config_warnings(args.command, show=not child):
+            return int(args.func(args) or 0)
     except refusals as e:
-        print(f"veomni-ops {args.command}: {e}", file=sys.stderr)
+        _report(args, e, error_text(e))
+        return 1
+    except Exception as e:
+        if args.command != "train":
+            raise
+        # A training run failed in a way no check foresaw: one line, the traceback on request.
+        if os.environ.get(ENV_TRACE, "") not in ("", "0"):
+            traceback.print_exc()
+            hint = ""
+        else:
+            hint = f" (set {ENV_TRACE}=1 for the traceback)"
+        _report(args, e, f"the run failed: {error_text(e, refusal=False)}{hint}")
         return 1
 
 

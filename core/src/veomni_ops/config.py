@@ -7,21 +7,29 @@ A VeOmni ``model.ops_implementation`` YAML block, or a plain dict, loads unchang
         attn_implementation: flash_attention_4
         rms_norm_implementation: liger_kernel      # legacy alias of "liger": warns
         moe_implementation: fused_triton           # legacy alias of "triton": warns
+        causal_conv1d_implementation: fla          # VeOmni field for an op not managed here: kept, warns
 
 Values are plain strings, so a third-party backend's name is as valid as ours. Every field
 defaults to ``auto``: the best kernel usable here, by declared priority.
+
+Every problem of one config is reported together in one :class:`ConfigError` (unknown
+fields and bad values alike). VeOmni fields for ops veomni-ops does not manage
+(:data:`UNMANAGED_FIELDS`: Qwen3.5's gated norm, causal conv1d and gated delta rule, ...) are
+not errors: they are kept in :attr:`OpsConfig.unmanaged`, reported with an
+:class:`UnmanagedFieldWarning`, and those ops run the model's own code.
 """
 
 from __future__ import annotations
 
 import difflib
 import os
+import sys
 import warnings
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from .spec import SpecError, normalize_name
+from .spec import QUALIFIER, SpecError, normalize_name, split_name
 
 AUTO = "auto"
 
@@ -37,16 +45,46 @@ FIELD_TO_OP: Mapping[str, str] = {
 }
 OP_TO_FIELD: Mapping[str, str] = {v: k for k, v in FIELD_TO_OP.items()}
 
+#: Fields of VeOmni's ``OpsImplementationConfig`` for ops veomni-ops does not manage -> what
+#: the op is. A config may carry them (VeOmni's Qwen3.5 configs do): they are recognised, not
+#: unknown-field errors; their values are kept as given in ``OpsConfig.unmanaged`` and applied
+#: by nobody here (the model's own code runs those ops), and loading a config that sets one
+#: warns with :class:`UnmanagedFieldWarning`. ``veomni-ops resolve`` lists them under the plan.
+UNMANAGED_FIELDS: Mapping[str, str] = {
+    "rms_norm_gated_implementation": "gated RMSNorm of Qwen3.5's GatedDeltaNet",
+    "causal_conv1d_implementation": "causal conv1d of Qwen3.5's GatedDeltaNet",
+    "chunk_gated_delta_rule_implementation": "chunked gated delta rule of Qwen3.5's GatedDeltaNet",
+    "rotary_pos_emb_vision_implementation": "rotary embedding of vision towers",
+    "dsa_indexer_implementation": "DeepSeek sparse-attention indexer",
+    "dsa_attention_implementation": "DeepSeek sparse attention",
+    "mhc_implementation": "DeepSeek-V4 manifold-constrained hyper-connections",
+    "qat_implementation": "DeepSeek-V4 quantization-aware training recipe",
+}
+
 #: Legacy VeOmni values -> current kernel names, per op ("*" = any op). Accepted with a
-#: DeprecationWarning that says what to write instead.
+#: :class:`LegacyValueWarning` (a DeprecationWarning) that says what to write instead; a
+#: qualified legacy name maps too (``liger_kernel@veomni-liger`` -> ``liger@veomni-liger``).
 LEGACY_VALUES: Mapping[str, Mapping[str, str]] = {
     "*": {"liger_kernel": "liger"},
-    "moe_experts": {"fused": "triton", "fused_triton": "triton", "fused_quack": "quack", "fused_npu": "npu"},
+    "moe_experts": {"fused": "triton", "fused_triton": "triton", "fused_npu": "npu"},
     "cross_entropy": {"chunk_loss": "chunked"},
     "attention": {
         "veomni_flash_attention_2_with_sp": "flash_attention_2",
         "veomni_flash_attention_3_with_sp": "flash_attention_3",
         "veomni_flash_attention_4_with_sp": "flash_attention_4",
+    },
+}
+
+#: Legacy VeOmni values with no counterpart here, per op -> why, and what to write instead.
+#: Refused (a :class:`ConfigError`), never mapped to something that is not what they meant.
+REFUSED_LEGACY_VALUES: Mapping[str, Mapping[str, str]] = {
+    "moe_experts": {
+        "fused_quack": (
+            "was VeOmni's Quack (CUTLASS/CuTe) MoE backend, and veomni-ops has no Quack MoE kernel "
+            "(veomni-quack provides rms_norm and cross_entropy only). Write moe_implementation: triton "
+            "(Triton grouped GEMM, what 'fused'/'fused_triton' meant; CUDA sm80+), grouped_mm "
+            "(torch._grouped_mm, bfloat16; CUDA sm90+), or auto"
+        ),
     },
 }
 
@@ -59,14 +97,35 @@ REMOVED_ENV_VARS: Mapping[str, str] = {
     "USE_GROUP_GEMM": "set moe_implementation: triton (or eager) in ops_implementation",
 }
 
+#: Field-name spellings people write for an op, beyond the fields' own stems and the op names.
+_FIELD_ALIASES: Mapping[str, str] = {"rope": "rotary_pos_emb_implementation", "mlp": "swiglu_mlp_implementation"}
+#: How close a misspelt field's stem must be to a field's for "did you mean" (difflib ratio).
+SUGGEST_CUTOFF = 0.8
+
 
 class ConfigError(ValueError):
-    """The ops configuration is malformed."""
+    """The ops configuration is malformed. ``problems`` lists every problem found."""
+
+    def __init__(self, message: str, problems: Iterable[str] | None = None):
+        super().__init__(message)
+        self.problems: tuple[str, ...] = tuple(problems) if problems is not None else (message,)
+
+
+class LegacyValueWarning(DeprecationWarning):
+    """A legacy VeOmni value was mapped to today's name; the message says what to write."""
+
+
+class UnmanagedFieldWarning(UserWarning):
+    """The config sets VeOmni fields for ops veomni-ops does not manage (:data:`UNMANAGED_FIELDS`)."""
 
 
 @dataclass(frozen=True)
 class OpsConfig:
-    """Which kernel each op uses. Field names are VeOmni's ``OpsImplementationConfig``."""
+    """Which kernel each op uses. Field names are VeOmni's ``OpsImplementationConfig``.
+
+    ``unmanaged``: VeOmni fields of :data:`UNMANAGED_FIELDS` the config set, as given
+    (``(field, value)`` pairs; ``dict(cfg.unmanaged)``). Nothing here applies them.
+    """
 
     attn_implementation: str = AUTO
     rms_norm_implementation: str = AUTO
@@ -75,16 +134,24 @@ class OpsConfig:
     cross_entropy_loss_implementation: str = AUTO
     moe_implementation: str = AUTO
     load_balancing_loss_implementation: str = AUTO
+    unmanaged: tuple[tuple[str, str], ...] = field(default=())
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            op = FIELD_TO_OP[f.name]
-            object.__setattr__(self, f.name, _normalize_value(f.name, op, getattr(self, f.name)))
+        values, unmanaged, problems = _check({f: getattr(self, f) for f in FIELD_TO_OP}, self.unmanaged)
+        if problems:
+            raise _error(problems)
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "unmanaged", unmanaged)
 
     # -- constructors -------------------------------------------------------------------
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None, *, check_env: bool = True) -> OpsConfig:
-        """From a plain mapping; also accepts a whole VeOmni config (``model.ops_implementation``)."""
+        """From a plain mapping; also accepts a whole VeOmni config (``model.ops_implementation``).
+
+        Every problem (unknown fields, bad values) is raised together in one :class:`ConfigError`.
+        Fields of :data:`UNMANAGED_FIELDS` are kept in ``unmanaged`` with an :class:`UnmanagedFieldWarning`.
+        """
         if check_env:
             check_removed_env_vars()
         if data is None:
@@ -95,16 +162,30 @@ class OpsConfig:
             data = data["model"]["ops_implementation"] or {}
         elif "ops_implementation" in data and isinstance(data["ops_implementation"], Mapping):
             data = data["ops_implementation"]
-        known = [f.name for f in fields(cls)]
-        bad = []
-        for key in data:
-            if key not in known:
-                guess = difflib.get_close_matches(str(key), known, n=1)
-                hint = f"; did you mean {guess[0]!r}?" if guess else f"; the fields are: {', '.join(known)}"
-                bad.append(f"unknown ops_implementation field {key!r}{hint}")
-        if bad:
-            raise ConfigError("\n".join(bad))
-        return cls(**dict(data))
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"ops_implementation must be a mapping of field: kernel name, got {type(data).__name__}")
+        problems = []
+        known: dict[str, Any] = {}
+        unmanaged: dict[str, Any] = {}
+        for key, value in data.items():
+            if key in FIELD_TO_OP:
+                known[key] = value
+            elif key in UNMANAGED_FIELDS:
+                unmanaged[key] = value
+            else:
+                problems.append(_unknown_field(key))
+        values, kept, value_problems = _check(known, unmanaged)
+        problems += value_problems
+        if problems:
+            raise _error(problems)
+        if kept:
+            _warn(
+                "ops_implementation: veomni-ops does not manage "
+                + ", ".join(f"{k}={v!r} ({UNMANAGED_FIELDS[k]})" for k, v in kept)
+                + ". Those ops run the model's own code; the values are kept in OpsConfig.unmanaged and not applied.",
+                UnmanagedFieldWarning,
+            )
+        return cls(**values, unmanaged=kept)
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike) -> OpsConfig:
@@ -113,16 +194,107 @@ class OpsConfig:
         try:
             with open(path) as fh:
                 data = yaml.safe_load(fh)
+        except FileNotFoundError:
+            raise ConfigError(f"{os.fspath(path)}: no such file (looked in {os.getcwd()})") from None
+        except IsADirectoryError:
+            raise ConfigError(f"{os.fspath(path)}: is a directory, not a YAML file") from None
         except yaml.YAMLError as e:
             raise ConfigError(f"{path}: not valid YAML: {e}") from None
-        return cls.from_dict(data or {})
+        try:
+            return cls.from_dict(data or {})
+        except ConfigError as e:  # say which file
+            where = os.fspath(path)
+            message = f"{e} (in {where})" if len(e.problems) == 1 else f"{where}: {e}"
+            raise ConfigError(message, e.problems) from None
 
     # -- accessors ----------------------------------------------------------------------
     def for_op(self, op: str) -> str:
         return getattr(self, OP_TO_FIELD[op])
 
     def to_dict(self) -> dict[str, str]:
-        return asdict(self)
+        """The seven op fields (``unmanaged`` is not among them)."""
+        return {f: getattr(self, f) for f in FIELD_TO_OP}
+
+
+# ----------------------------------------------------------------------------------------
+# Checking
+# ----------------------------------------------------------------------------------------
+
+
+def _check(values: Mapping[str, Any], unmanaged: Any) -> tuple[dict[str, str], tuple[tuple[str, str], ...],
+                                                                list[str]]:
+    """Normalise the op fields and the unmanaged ones; every problem found, none raised."""
+    out: dict[str, str] = {}
+    problems: list[str] = []
+    for name, value in values.items():
+        try:
+            out[name] = _normalize_value(name, FIELD_TO_OP[name], value)
+        except ConfigError as e:
+            problems.append(str(e))
+    kept: list[tuple[str, str]] = []
+    items = unmanaged.items() if isinstance(unmanaged, Mapping) else unmanaged
+    try:
+        pairs = [tuple(p) for p in items]
+    except TypeError:
+        pairs = None
+    if pairs is None or any(len(p) != 2 for p in pairs):
+        problems.append(f"unmanaged must be a mapping of field: value, got {unmanaged!r}")
+        pairs = []
+    for key, value in pairs:
+        if key not in UNMANAGED_FIELDS:
+            problems.append(f"{key!r} is not a field veomni-ops knows as unmanaged; those are: "
+                            f"{', '.join(UNMANAGED_FIELDS)}")
+        elif value is None:
+            continue  # VeOmni's default
+        elif not isinstance(value, str) or not value.strip():
+            problems.append(f"{key} must be a string (it is not managed by veomni-ops, only kept), got {value!r}")
+        else:
+            kept.append((key, value.strip()))
+    return out, tuple(sorted(kept)), problems
+
+
+def _error(problems: list[str]) -> ConfigError:
+    if len(problems) == 1:
+        return ConfigError(problems[0], problems)
+    return ConfigError(f"{len(problems)} problems in ops_implementation:\n" + "\n".join(f"  - {p}" for p in problems),
+                       problems)
+
+
+def _stem(name: str) -> str:
+    """``rms_norm_implementation`` -> ``rms_norm``; a misspelt or shortened suffix counts too
+    (``_impl``, ``_implmentation``)."""
+    s = name.strip().lower().replace("-", "_").replace(" ", "_")
+    head, sep, last = s.rpartition("_")
+    if sep and head and (last.startswith("impl")
+                         or difflib.SequenceMatcher(None, last, "implementation").ratio() >= SUGGEST_CUTOFF):
+        return head
+    return s
+
+
+def suggest_field(key: Any) -> str | None:
+    """The field ``key`` is a close misspelling of, or None. Compares stems (without
+    ``_implementation``) and the op names, so that sharing the suffix is not closeness:
+    ``rms_norm_impl`` -> ``rms_norm_implementation``, ``foo_implementation`` -> None."""
+    if not isinstance(key, str):
+        return None
+    candidates: dict[str, str] = {}
+    for f, op in FIELD_TO_OP.items():
+        candidates[_stem(f)] = f
+        candidates[op] = f
+    for f in UNMANAGED_FIELDS:
+        candidates[_stem(f)] = f
+    candidates.update(_FIELD_ALIASES)
+    stem = _stem(key)
+    match = difflib.get_close_matches(stem, list(candidates), n=1, cutoff=SUGGEST_CUTOFF)
+    return candidates[match[0]] if match else None
+
+
+def _unknown_field(key: Any) -> str:
+    guess = suggest_field(key)
+    if guess is not None:
+        return f"unknown ops_implementation field {key!r}; did you mean {guess!r}?"
+    return (f"unknown ops_implementation field {key!r}; the fields are: {', '.join(FIELD_TO_OP)} (and, recognised "
+            f"but not managed by veomni-ops: {', '.join(UNMANAGED_FIELDS)})")
 
 
 def _normalize_value(field_name: str, op: str, value: Any) -> str:
@@ -134,19 +306,30 @@ def _normalize_value(field_name: str, op: str, value: Any) -> str:
     if not value.strip():
         raise ConfigError(f"{field_name} is empty; write a kernel name, 'eager' or 'auto'")
     try:
-        name = normalize_name(value)
+        kernel, dist = split_name(value)
     except SpecError as e:
         raise ConfigError(f"{field_name}: {e}") from None
+    name = normalize_name(value)
+    refused = REFUSED_LEGACY_VALUES.get(op, {}).get(kernel)
+    if refused is not None:
+        raise ConfigError(f"{field_name}: {value!r} {refused}")
     for table in (LEGACY_VALUES.get(op, {}), LEGACY_VALUES["*"]):
-        if name in table:
-            new = table[name]
-            warnings.warn(
-                f"{field_name}: {value!r} is a legacy VeOmni value; write {field_name}: {new}",
-                DeprecationWarning,
-                stacklevel=4,
-            )
+        if kernel in table:
+            new = table[kernel] + (f"{QUALIFIER}{dist}" if dist else "")
+            _warn(f"{field_name}: {value!r} is a legacy VeOmni value; write {field_name}: {new}", LegacyValueWarning)
             return new
     return name
+
+
+def _warn(message: str, category: type[Warning]) -> None:
+    """Warn, attributed to the first caller outside veomni-ops (the user's line), however deep
+    in the package the config was read (``OpsConfig(...)``, ``from_yaml``, ``resolve``, ``apply``)."""
+    level = 1
+    frame = sys._getframe(0)
+    while frame is not None and str(frame.f_globals.get("__name__", "")).partition(".")[0] == "veomni_ops":
+        frame = frame.f_back
+        level += 1
+    warnings.warn(message, category, stacklevel=level)
 
 
 def check_removed_env_vars(env: Mapping[str, str] | None = None) -> None:

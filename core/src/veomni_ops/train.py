@@ -467,11 +467,24 @@ def _run_child(path: str, seed: int | None, steps: int | None = None, baseline: 
             sys.stderr.write(proc.stdout)
         what = f"baseline {baseline} of {path}" if baseline else path
         if proc.returncode != 0:
-            raise RunFailed(f"training {what} failed (exit {proc.returncode}); see the output above")
+            # The child wrote why into the result file (_run_as_child); a crash that could not is told by its exit.
+            why = _child_error(out_path)
+            raise RunFailed(f"training {what} failed: {why}" if why else
+                            f"training {what} failed (exit {proc.returncode}); see the output above")
         with open(out_path) as fh:
             return json.load(fh)
     finally:
         os.unlink(out_path)
+
+
+def _child_error(path: str) -> str | None:
+    """The error a failed child run wrote into its result file, if it could."""
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return data.get("error") if isinstance(data, dict) and isinstance(data.get("error"), str) else None
 
 
 # ----------------------------------------------------------------------------------------
@@ -732,13 +745,39 @@ def _load(path: str, args: argparse.Namespace) -> dict[str, Any]:
     return job
 
 
-def run(args: argparse.Namespace) -> int:
-    job = _load(args.config, args)
-    if args.result_file:  # child mode
-        res = train_one(job, baseline=args.as_baseline)
+def _run_as_child(args: argparse.Namespace) -> int:
+    """Train one job and write its result, or ``{"error": ..., "kind": ...}``, to ``--result-file``."""
+    from .binding import BindingError
+    from .cli import ENV_TRACE, error_text
+    from .config import ConfigError
+    from .device import DeviceError
+    from .discovery import PluginLoadError
+    from .resolve import ResolutionError
+
+    try:
+        res = train_one(_load(args.config, args), baseline=args.as_baseline)
+    except Exception as e:
+        refusal = isinstance(e, (ConfigError, TrainConfigError, FileNotFoundError, ResolutionError, BindingError,
+                                 DeviceError, PluginLoadError))
+        message = error_text(e, refusal=refusal)
+        if os.environ.get(ENV_TRACE, "") not in ("", "0"):
+            import traceback
+
+            traceback.print_exc()
+        elif not refusal:
+            message += f" (set {ENV_TRACE}=1 for the traceback)"
         with open(args.result_file, "w") as fh:
-            json.dump(res, fh)
-        return 0
+            json.dump({"error": message, "kind": type(e).__name__}, fh)
+        return 1
+    with open(args.result_file, "w") as fh:
+        json.dump(res, fh)
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.result_file:  # child mode: a failure is written for the parent to report, in one line
+        return _run_as_child(args)
+    job = _load(args.config, args)
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         raise TrainConfigError("--plot needs matplotlib, which is not installed here: pip install matplotlib")
     for name in args.baseline:

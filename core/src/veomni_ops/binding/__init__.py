@@ -57,10 +57,40 @@ class Binding:
     skipped: tuple[tuple[str, str, str], ...] = ()
 
     def summary(self) -> dict[str, int]:
+        """Per op, how many places were bound: ``{"rms_norm": 5, "attention": 1, ...}``."""
         out: dict[str, int] = {}
         for _, op, _, _ in self.bound:
             out[op] = out.get(op, 0) + 1
         return out
+
+    def table(self) -> str:
+        """What ``print(binding)`` shows: one row per bound place (path, op, variant, kernel
+        and where it comes from), then the places left to the model's own code, with why."""
+        head = (f"Binding for {self.plan.device}, mode {self.plan.mode}: {len(self.bound)} place(s) bound"
+                + (f", {len(self.skipped)} left to the model's own code" if self.skipped else ""))
+        rows = [("path", "op", "variant", "kernel")]
+        for path, op, variant, kernel in self.bound:
+            e = self.plan.get(op, variant)
+            rows.append((path or "<model>", op, variant, kernel + (f" ({e.distribution})" if e is not None else "")))
+        lines = [head, *_columns(rows)]
+        if self.skipped:
+            lines.append("left to the model's own code:")
+            lines += _columns([("path", "op", "why")] + [(p or "<model>", op, why) for p, op, why in self.skipped])
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def _columns(rows: list[tuple[str, ...]]) -> list[str]:
+    """Rows as aligned text columns, a rule under the first; the last column is not padded."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    out = []
+    for i, r in enumerate(rows):
+        out.append(("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1]).rstrip())
+        if i == 0:
+            out.append("  " + "  ".join("-" * w for w in widths) + "  " + "-" * len(r[-1]))
+    return out
 
 
 def survey(model: nn.Module) -> list[Place]:
