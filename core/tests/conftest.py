@@ -30,3 +30,8 @@ def toy_registry():
         swiglu=[KernelSpec(name="portable", op="swiglu", variant="standard", factory="math:ceil")],
     )
     return build_registry([("toy", plugin)], include_entry_points=False, env={})
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "parallel: real multi-process jobs (torch.distributed, gloo on the CPU; "
+                                       "test_parallel.py, about a minute on 2 cores)")

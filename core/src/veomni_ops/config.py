@@ -75,6 +75,14 @@ LEGACY_VALUES: Mapping[str, Mapping[str, str]] = {
     },
 }
 
+#: What a legacy value meant beyond the kernel it maps to: said in its warning.
+LEGACY_NOTES: Mapping[str, str] = {
+    f"veomni_flash_attention_{v}_with_sp": (
+        f"it meant flash_attention_{v}, sequence-parallel when sp > 1: write flash_attention_{v} and set the job's "
+        "parallel.sp (Ulysses sequence parallelism now wraps any attention kernel; with sp 1 it runs as it is)"
+    ) for v in (2, 3, 4)
+}
+
 #: Legacy VeOmni values with no counterpart here, per op -> why, and what to write instead.
 #: Refused (a :class:`ConfigError`), never mapped to something that is not what they meant.
 REFUSED_LEGACY_VALUES: Mapping[str, Mapping[str, str]] = {
@@ -316,7 +324,8 @@ def _normalize_value(field_name: str, op: str, value: Any) -> str:
     for table in (LEGACY_VALUES.get(op, {}), LEGACY_VALUES["*"]):
         if kernel in table:
             new = table[kernel] + (f"{QUALIFIER}{dist}" if dist else "")
-            _warn(f"{field_name}: {value!r} is a legacy VeOmni value; write {field_name}: {new}", LegacyValueWarning)
+            note = f" ({LEGACY_NOTES[kernel]})" if kernel in LEGACY_NOTES else ""
+            _warn(f"{field_name}: {value!r} is a legacy VeOmni value; write {field_name}: {new}{note}", LegacyValueWarning)
             return new
     return name
 

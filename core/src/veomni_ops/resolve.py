@@ -207,11 +207,12 @@ def requirement_problem(text: str) -> str | None:
 
 
 def static_problem(spec: KernelSpec, device: DeviceInfo, dtype: str | None = None, training: bool = True,
-                   features: Iterable[str] = (), compile: bool = False) -> str | None:
+                   features: Iterable[str] = (), compile: bool = False, parallel: Iterable[str] = ()) -> str | None:
     """Why ``spec`` cannot run here, checking metadata only (no import); ``None`` if it can.
 
     ``features``: what the model's places need the kernel to honour (see ``spec.FEATURES``);
-    ``compile``: the model will run under ``torch.compile``.
+    ``compile``: the model will run under ``torch.compile``; ``parallel``: what the job's
+    parallel layout needs the kernel to run under (see ``spec.PARALLEL``: ``sp``, ``ep``).
     """
     why = check_hardware(spec.hardware, device)
     if why:
@@ -230,6 +231,10 @@ def static_problem(spec: KernelSpec, device: DeviceInfo, dtype: str | None = Non
                 f"(its spec declares: {', '.join(spec.features) or 'no optional features'})")
     if compile and not spec.supports_compile:
         return "does not run under torch.compile (its spec says supports_compile=False), and this is compile mode"
+    missing = sorted(set(parallel) - set(spec.parallel))
+    if missing:
+        return (f"cannot run under parallel {', '.join(missing)}, which the job's parallel layout needs "
+                f"(its spec declares: parallel={list(spec.parallel)})")
     return None
 
 
@@ -331,6 +336,7 @@ def resolve(
     load: bool | None = None,
     features: Mapping[str, Iterable[str]] | None = None,
     compile: bool = False,
+    parallel: Mapping[str, Iterable[str]] | None = None,
 ) -> KernelPlan:
     """Resolve ``config`` for ``device`` into a :class:`KernelPlan`.
 
@@ -338,7 +344,8 @@ def resolve(
     every op and variant is resolved. ``dtype`` (e.g. ``"bfloat16"``) and ``training``
     (kernel must have a backward) filter kernels, and so do ``features`` (per op, what the
     model's places need honoured, e.g. ``{"attention": {"softcap"}}``) and ``compile``
-    (the model will run under ``torch.compile``: only ``supports_compile`` kernels). ``load=False`` checks everything but
+    (the model will run under ``torch.compile``: only ``supports_compile`` kernels), and so does ``parallel`` (per
+    op, what the job's parallel layout needs, e.g. ``{"attention": {"sp"}}``). ``load=False`` checks everything but
     the import (for resolving for another device); the default loads unless the device is
     one this machine is not (``VEOMNI_OPS_DEVICE=cuda:9.0`` on a CPU box). Raises :class:`ResolutionError` listing
     every refusal.
@@ -369,7 +376,8 @@ def resolve(
                 if v not in OPS[op]:
                     raise ValueError(f"op {op} has no variant {v!r}; its variants: {', '.join(OPS[op])}")
             requested = cfg.for_op(op)
-            c = dataclasses.replace(ctx, features=feats.get(op, frozenset()))
+            c = dataclasses.replace(ctx, features=feats.get(op, frozenset()),
+                                    parallel=frozenset((parallel or {}).get(op, ())))
             if requested == AUTO:
                 got = _resolve_auto(reg, op, alts, c)
             else:
@@ -415,9 +423,10 @@ class _Ctx:
     load: bool
     compile: bool
     features: frozenset[str] = frozenset()
+    parallel: frozenset[str] = frozenset()
 
     def problem(self, spec: KernelSpec) -> str | None:
-        return static_problem(spec, self.dev, self.dtype, self.training, self.features, self.compile)
+        return static_problem(spec, self.dev, self.dtype, self.training, self.features, self.compile, self.parallel)
 
     def usable(self, rk: RegisteredKernel) -> bool:
         """Passes the checks, and its kernel did not fail to import in this process."""
@@ -532,6 +541,8 @@ def _resolve_named(reg, op, alts, name, c: _Ctx) -> PlanEntry | Refusal:
         how = "Pick a kernel listed above (they honour what the model needs), or 'auto'."
     elif "compile" in why:
         how = "Pick a kernel listed above (they run under torch.compile), or 'auto', or do not compile."
+    elif "parallel" in why:
+        how = "Pick a kernel listed above (they run under the layout), or 'auto', or set that parallel degree to 1."
     else:
         how = ""
     return Refusal(op, name, alts, f"kernel {name!r} ({rk.provenance}) {why}",

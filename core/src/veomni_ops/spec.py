@@ -30,6 +30,16 @@ FEATURES: Mapping[str, tuple[str, ...]] = {
     "attention": ("softcap", "sinks", "sliding_window", "dropout"),
 }
 
+#: Parallel layouts a kernel may declare it runs under, per op (``KernelSpec.parallel``). ``sp``:
+#: the attention kernel is called by the Ulysses wrapper on the whole sequence and a slice of
+#: the heads (it reads heads from the tensors, not from the module, and takes no mask: the
+#: causality, window and packing come from the call). ``ep``: the experts kernel is called on
+#: a slice of the experts (E from ``gate_up_proj``) with routes to other ranks' experts as ``-1``.
+PARALLEL: Mapping[str, tuple[str, ...]] = {
+    "attention": ("sp",),
+    "moe_experts": ("ep",),
+}
+
 #: Device types a hardware requirement may name. ``any`` matches every device.
 DEVICE_TYPES = ("cuda", "rocm", "npu", "xpu", "mps", "cpu", "any")
 
@@ -226,6 +236,10 @@ class KernelSpec:
         install_hint: what to run to get its requirements, shown in refusals.
         features: optional behaviours it honours (:data:`FEATURES` of its op), e.g.
             ``("softcap", "sliding_window")`` for an attention kernel.
+        parallel: parallel layouts it runs under (:data:`PARALLEL` of its op): ``("sp",)``
+            for an attention kernel that can run under Ulysses sequence parallelism,
+            ``("ep",)`` for an experts kernel that can run expert-parallel. A layout that
+            needs one refuses kernels that do not declare it.
     """
 
     name: str
@@ -242,6 +256,7 @@ class KernelSpec:
     description: str = ""
     install_hint: str = ""
     features: tuple[str, ...] = ()
+    parallel: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
@@ -303,6 +318,12 @@ class KernelSpec:
                 known = ", ".join(FEATURES.get(self.op, ())) or "none"
                 raise SpecError(f"kernel {self.name!r}: unknown feature {f!r} for op {self.op}; known: {known}")
         object.__setattr__(self, "features", tuple(sorted(set(feats))))
+        par = (self.parallel,) if isinstance(self.parallel, str) else tuple(self.parallel)
+        for m in par:
+            if m not in PARALLEL.get(self.op, ()):
+                known = ", ".join(PARALLEL.get(self.op, ())) or "none"
+                raise SpecError(f"kernel {self.name!r}: unknown parallel mode {m!r} for op {self.op}; known: {known}")
+        object.__setattr__(self, "parallel", tuple(sorted(set(par))))
         for b in ("supports_backward", "supports_compile"):
             if not isinstance(getattr(self, b), bool):
                 raise SpecError(f"kernel {self.name!r}: {b} must be True or False")
@@ -339,6 +360,7 @@ class KernelSpec:
             "priority": self.priority,
             "tolerances": {d: [t.atol, t.rtol] for d, t in self.tolerances},
             "features": list(self.features),
+            "parallel": list(self.parallel),
             "description": self.description,
         }
 

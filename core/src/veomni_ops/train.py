@@ -11,6 +11,12 @@ binds it, and trains N steps of AdamW on synthetic token data.
       ops_implementation: {rms_norm_implementation: auto, ...}
     train: {batch_size: 4, seq_len: 128, steps: 20, lr: 1.0e-3, dtype: float32, device: auto, seed: 0,
             compile: false}
+    parallel: {dp_shard: 2, sp: 2, ep: 2}    # optional: FSDP2 / Ulysses / experts over torchrun's processes
+
+With ``parallel:`` (or under ``torchrun --nproc-per-node N``) every process is one rank of the job
+(:mod:`veomni_ops.parallel`): the plan is resolved for the layout and its kernels wrapped, the
+model FSDP2-sharded, each rank trains its part of the same global batch, and rank 0 reports the
+global loss (the one-process loss). Without either, one process, as before.
 
 The model's shapes come from one of two places:
 
@@ -173,11 +179,24 @@ def load_job(path: str) -> dict[str, Any]:
     train.update(data.get("train") or {})
     if not isinstance(train["compile"], bool):
         raise TrainConfigError(f"{path}: train.compile must be true or false, not {train['compile']!r}")
-    unknown_top = set(data) - {"model", "train"}
+    unknown_top = set(data) - {"model", "train", "parallel"}
     if unknown_top:
-        raise TrainConfigError(f"{path}: unknown section(s): {', '.join(sorted(unknown_top))}; known: model, train")
+        raise TrainConfigError(f"{path}: unknown section(s): {', '.join(sorted(unknown_top))}; known: model, train, "
+                               "parallel")
     return {"path": path, "architecture": arch, "size": size, "config_file": config_file, "ops": ops,
-            "overrides": overrides, "train": train}
+            "overrides": overrides, "train": train, "parallel": _load_parallel(path, data.get("parallel"))}
+
+
+def _load_parallel(path: str, section: Any):
+    """The job's ``parallel:`` layout (:class:`veomni_ops.parallel.ParallelLayout`), or None."""
+    if section is None:
+        return None
+    from .parallel.layout import ParallelConfigError, ParallelLayout
+
+    try:
+        return ParallelLayout.from_dict(section)
+    except ParallelConfigError as e:
+        raise ParallelConfigError(f"{path}: {e}") from None
 
 
 def read_config_file(path: str) -> dict[str, Any]:
@@ -360,8 +379,9 @@ def _plan_device(device: str):
     return None
 
 
-def _prepare(job: dict[str, Any], baseline: str | None, device: str, dtype, out) -> tuple[Any, dict[str, Any]]:
-    """Build the model for this run, bind or patch it, compile it where asked. Returns (model, facts)."""
+def _prepare(job: dict[str, Any], baseline: str | None, device: str, dtype, out, rt=None) -> tuple[Any, dict[str, Any]]:
+    """Build the model for this run, bind or patch it, compile it where asked. Returns (model, facts).
+    ``rt``: the parallel runtime of this rank (the plan is resolved and wrapped for its layout, then FSDP2)."""
     import torch
     import transformers
 
@@ -373,10 +393,17 @@ def _prepare(job: dict[str, Any], baseline: str | None, device: str, dtype, out)
             _compile_apply(apply)
         model = build_model(job, device).to(dtype=dtype)
         kw: dict[str, Any] = {"device": _plan_device(device)}
+        if rt is not None:
+            rt.prepare(model)
+            kw["parallel"] = rt
         binding = apply(model, job["ops"], compile=True, **kw) if compiled else apply(model, job["ops"], **kw)
         print(binding.plan.table(), file=out)
         print(f"bound: {json.dumps(binding.summary())}", file=out)
         facts: dict[str, Any] = {"plan": binding.plan.to_dict(), "bound": binding.summary()}
+        if rt is not None:
+            print(rt.describe(), file=out)
+            model = rt.parallelize(model, binding, dtype)
+            facts["parallel"] = rt.to_dict()
     else:
         model = build_model(job, device, attn_implementation="sdpa").to(dtype=dtype)
         facts = {"plan": None, "bound": None, "baseline_about": BASELINES[baseline],
@@ -394,15 +421,52 @@ def _prepare(job: dict[str, Any], baseline: str | None, device: str, dtype, out)
     return model, facts
 
 
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0") or 0)
+
+
+def is_parallel(job: dict[str, Any]) -> bool:
+    """Does this job run as one rank of several (under torchrun, or with a non-trivial ``parallel:``)?"""
+    from .parallel.layout import world_from_env
+
+    return world_from_env() > 1 or (job.get("parallel") is not None and not job["parallel"].is_trivial)
+
+
 def train_one(job: dict[str, Any], out=sys.stderr, baseline: str | None = None) -> dict[str, Any]:
+    if baseline is None and is_parallel(job):
+        return _train_parallel(job, out)
+    return _train(job, out, baseline)
+
+
+def _train_parallel(job: dict[str, Any], out) -> dict[str, Any]:
+    """This rank's part of a parallel job (``veomni_ops.parallel``); only rank 0 prints."""
+    from .parallel import ParallelLayout, ParallelRuntime
+    from .parallel.layout import world_from_env
+
+    t = job["train"]
+    if t["compile"]:
+        raise TrainConfigError(f"{job['path']}: train.compile with a parallel layout is not supported yet "
+                               "(FSDP2/Ulysses/EP run eagerly here); set train.compile: false")
+    layout = job.get("parallel") or ParallelLayout.data_parallel(world_from_env())
+    layout.check_world(world_from_env())  # every rank refuses the same way, before any collective
+    layout.check_model(build_config(job))
+    layout.check_batch(int(t["batch_size"]))
+    with ParallelRuntime.from_env(layout, _resolve_device(t["device"])) as rt:
+        if rt.rank != 0:
+            with open(os.devnull, "w") as quiet:
+                return _train(job, quiet, None, rt)
+        return _train(job, out, None, rt)
+
+
+def _train(job: dict[str, Any], out, baseline: str | None = None, rt=None) -> dict[str, Any]:
     import torch
 
     t = job["train"]
-    device = _resolve_device(t["device"])
+    device = rt.device if rt is not None else _resolve_device(t["device"])
     if baseline is not None:
         check_baseline(baseline, job, device)
     dtype = getattr(torch, t["dtype"])
-    model, facts = _prepare(job, baseline, device, dtype, out)
+    model, facts = _prepare(job, baseline, device, dtype, out, rt)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=float(t["lr"]))
     if device.startswith("cuda"):
@@ -413,11 +477,12 @@ def train_one(job: dict[str, Any], out=sys.stderr, baseline: str | None = None) 
     width = 20
     for i, ids in enumerate(synthetic_batches(model.config.vocab_size, b, s, steps, t["seed"], device)):
         t0 = time.perf_counter()
-        outp = model(input_ids=ids, labels=ids)
+        # Under a parallel layout each rank trains its rows and sequence slice of the same global batch.
+        outp = model(input_ids=ids, labels=ids) if rt is None else model(**rt.shard_batch(ids))
         outp.loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        loss = float(outp.loss.detach())  # the one host sync per step
+        loss = float(outp.loss.detach()) if rt is None else rt.global_loss(outp.loss)  # the one host sync per step
         dt = time.perf_counter() - t0
         rate = b * s / dt
         losses.append(loss)
@@ -789,7 +854,19 @@ def run(args: argparse.Namespace) -> int:
         _compile_apply(apply)
     human = sys.stderr if args.json else sys.stdout
     seed = job["train"]["seed"]
-    if not args.compare and not args.baseline:
+    if is_parallel(job):  # one rank of a parallel job (torchrun): rank 0 reports
+        if args.compare or args.baseline:
+            raise TrainConfigError("--compare and --baseline run each job in a process of its own; run them without "
+                                   "torchrun (or compare the losses of separate runs)")
+        from .parallel import ParallelFailure
+
+        try:
+            runs = [train_one(job, out=human)]
+        except ParallelFailure as e:
+            raise RunFailed(str(e)) from e
+        if _rank() != 0:
+            return 0
+    elif not args.compare and not args.baseline:
         runs = [train_one(job, out=human)]
     else:
         specs: list[tuple[str, str | None, str]] = [(args.config, None, args.config)]

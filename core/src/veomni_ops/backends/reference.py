@@ -126,7 +126,7 @@ def moe_experts() -> list[KernelSpec]:
     return [
         _eager("moe_experts", "standard", "moe:moe_experts_eager", _MATMUL,
                "per-expert Python loop, as transformers' Qwen3MoeExperts (host syncs; no fullgraph compile)",
-               supports_compile=False),
+               supports_compile=False, parallel=("ep",)),
         KernelSpec(
             name="grouped_mm",
             op="moe_experts",
@@ -143,6 +143,7 @@ def moe_experts() -> list[KernelSpec]:
             priority=PORTABLE_PRIORITY,
             tolerances=_MATMUL,
             description="sort routes by expert + torch._grouped_mm per projection; no loop, no host sync",
+            parallel=("ep",),
         ),
     ]
 
@@ -160,7 +161,7 @@ def attention() -> list[KernelSpec]:
     return [
         _eager("attention", "standard", "attention:eager_attention", _MATMUL,
                "explicit softmax(q k^T) v as transformers' eager_attention_forward (softcap, sinks, returns weights)",
-               features=("softcap", "sinks", "sliding_window", "dropout")),
+               features=("softcap", "sinks", "sliding_window", "dropout"), parallel=("sp",)),
         KernelSpec(
             name="sdpa",
             op="attention",
@@ -174,5 +175,6 @@ def attention() -> list[KernelSpec]:
             tolerances=_MATMUL,
             description="torch scaled_dot_product_attention as transformers' sdpa_attention_forward (no softcap)",
             features=("sliding_window", "dropout"),
+            parallel=("sp",),
         ),
     ]

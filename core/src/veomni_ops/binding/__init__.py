@@ -156,6 +156,7 @@ def apply(
     registry=None,
     training: bool = True,
     compile: bool = False,
+    parallel=None,
 ) -> Binding:
     """Resolve (if given a config) and bind kernels into ``model``. Returns a :class:`Binding`.
 
@@ -163,6 +164,11 @@ def apply(
     kernels whose spec says ``supports_compile`` and a named one that does not is refused.
     An explicit non-eager kernel for an op the model has no place for raises
     :class:`BindingError`; with ``auto`` such ops are simply not bound.
+
+    ``parallel``: a :class:`~veomni_ops.parallel.ParallelRuntime` (anything with ``needs()``
+    and ``wrap_plan(plan)``): resolution takes only kernels whose spec declares what the
+    layout needs, and the plan's kernels are wrapped for it (Ulysses, expert parallelism)
+    before they are bound.
     """
     check_transformers(type(model))
     places = survey(model)
@@ -208,11 +214,14 @@ def apply(
     else:
         try:
             plan = resolve(cfg, current_device(device), needs=needs_of(places), features=features_of(places),
-                           registry=registry, dtype=_model_dtype(model), training=training, compile=compile)
+                           registry=registry, dtype=_model_dtype(model), training=training, compile=compile,
+                           parallel=parallel.needs() if parallel is not None else None)
         except ResolutionError as e:
             e.add_note(f"(while binding {type(model).__name__}: its places need "
                        f"{_describe_features(features_of(places)) or 'no extra features'})")
             raise
+    if parallel is not None:
+        plan = parallel.wrap_plan(plan)
     bound = _bind(model, plan, places, skipped)
     model.veomni_ops_binding = bound  # per instance, for inspection
     return bound

@@ -60,6 +60,7 @@ def _spec(version: int, *, priority: int, hardware: HardwareRequirement, descrip
         description=description,
         install_hint=_HINT.format(install=pkg.install),
         features=features,
+        parallel=("sp",),  # heads from the tensors; no mask under SP (causal/window/packing from the call)
     )
 
 

@@ -24,6 +24,7 @@ core's config). What is registered, and why each field has the value it has:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from veomni_ops.hookspecs import hookimpl
 from veomni_ops.spec import HardwareRequirement, KernelSpec, Tolerance
@@ -173,9 +174,9 @@ def cross_entropy() -> list[KernelSpec]:
 @hookimpl
 def moe_experts() -> list[KernelSpec]:
     return [
-        _spec(
+        replace(_spec(
             "moe_experts", "standard", "moe:moe_experts", MIN_LIGER["moe_experts"], _MOE_TOL,
             "Liger fused MoE (LigerFusedMoEFunction): Triton grouped GEMM with fused gather and SwiGLU",
             hardware=_CUDA_SM90,
-        )
+        ), parallel=("ep",))  # honours the -1 sentinel; E from gate_up_proj: runs expert-parallel
     ]

@@ -33,6 +33,7 @@ Every spec is named ``npu`` (VeOmni's values: ``rms_norm_implementation: npu``,
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from veomni_ops.hookspecs import hookimpl
 from veomni_ops.spec import HardwareRequirement, KernelSpec, Tolerance
@@ -153,9 +154,9 @@ def swiglu() -> list[KernelSpec]:
 @hookimpl
 def moe_experts() -> list[KernelSpec]:
     return [
-        _spec(
+        replace(_spec(
             "moe_experts", "standard", "moe:moe_experts", _MOE_TOL,
             "npu_moe_token_permute + npu_grouped_matmul (gate_up) + npu_swiglu + npu_grouped_matmul (down) + "
             "npu_moe_token_unpermute, VeOmni's fused_npu path (not run on an NPU)",
-        )
+        ), parallel=("ep",))  # honours the -1 sentinel; E from gate_up_proj: runs expert-parallel
     ]

@@ -7,6 +7,8 @@ stay light: it imports only ``veomni_ops`` (no torch, no Triton). The kernels ar
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from veomni_ops.hookspecs import hookimpl
 from veomni_ops.spec import HardwareRequirement, KernelSpec, Tolerance
 
@@ -135,12 +137,12 @@ def _spec_tol(op: str, factory: str, description: str, tolerances: dict) -> Kern
 @hookimpl
 def moe_experts() -> list[KernelSpec]:
     return [
-        _spec_tol(
+        replace(_spec_tol(
             "moe_experts", "moe:moe_experts",
             "Triton grouped GEMMs over expert-sorted routes: token rows gathered in the GEMM (no copy), fused "
             "SiLU·up epilogue, deterministic per-route combine (no atomics), no host sync; grouped-GEMM backward",
             _MOE_TOL,
-        )
+        ), parallel=("ep",))  # honours the -1 sentinel; E from gate_up_proj: runs expert-parallel
     ]
 
 

@@ -1,0 +1,196 @@
+"""``ParallelLayout``: the ``parallel:`` section of a job, validated. Imports no torch.
+
+    parallel: {dp_shard: 2, sp: 2, ep: 2, timeout_s: 600}
+
+Ranks form a ``dp_shard x sp`` grid with ``sp`` innermost: rank ``= dp * sp + s`` (so the
+ranks of one sequence-parallel group are neighbours: on GPUs, one node's NVLink). Every
+process holds ``batch_size / dp_shard`` rows of the global batch and ``1 / sp`` of their
+sequence. ``dp_shard x sp`` must equal the number of processes.
+
+* **FSDP2** shards every dense parameter over all ``dp_shard x sp`` ranks (the sequence
+  shards of one row are data-parallel for the parameters: their gradients are summed too).
+* **sp** (Ulysses): the attention of every layer all-to-alls from ``[S / sp, all heads]`` to
+  ``[S, heads / sp]``, runs the plan's kernel, and all-to-alls back. ``sp`` must divide the
+  number of query heads and of key/value heads.
+* **ep** borrows ranks from the same grid: expert groups are consecutive blocks of ``ep``
+  ranks in rank order (``sp`` innermost, then ``dp_shard``); each rank of a group owns
+  ``E / ep`` experts. The expert parameters are then FSDP-sharded over the
+  ``dp_shard x sp / ep`` ranks that own the same experts (the ranks with the same position
+  in their block). ``ep`` must divide ``dp_shard x sp`` and the number of experts. With
+  ``ep == sp`` the expert groups are the sequence-parallel groups; ``ep`` may also span
+  several data-parallel rows (``dp_shard 2, sp 1, ep 2``) or a part of one SP group.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..config import ConfigError
+
+#: fields of the ``parallel:`` section, with what each means (for messages and the README)
+FIELDS: Mapping[str, str] = {
+    "dp_shard": "data-parallel ranks, FSDP2-sharded (with sp: the parameters are sharded over dp_shard x sp)",
+    "sp": "Ulysses sequence-parallel degree: each rank holds 1/sp of every sequence",
+    "ep": "expert-parallel degree: each rank owns 1/ep of the experts of every MoE layer",
+    "timeout_s": "collective timeout in seconds: a rank that stops answering ends every rank after this",
+}
+
+DEFAULT_TIMEOUT_S = 600.0
+
+
+def world_from_env() -> int:
+    """The number of processes of this job (torchrun's ``WORLD_SIZE``; 1 without it)."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1") or 1)
+    except ValueError:
+        return 1
+
+
+class ParallelConfigError(ConfigError):
+    """The ``parallel:`` layout is malformed, or does not fit the world, the model or the batch."""
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ParallelConfigError(f"parallel.{name} must be a whole number >= 1, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """How one job spreads over processes (see the module docstring for the rank layout)."""
+
+    dp_shard: int = 1
+    sp: int = 1
+    ep: int = 1
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        for name in ("dp_shard", "sp", "ep"):
+            _positive_int(name, getattr(self, name))
+        t = self.timeout_s
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
+            raise ParallelConfigError(f"parallel.timeout_s must be a number of seconds > 0, got {t!r}")
+        object.__setattr__(self, "timeout_s", float(t))
+        if self.world_size % self.ep:
+            raise ParallelConfigError(
+                f"parallel.ep {self.ep} must divide dp_shard x sp = {self.dp_shard} x {self.sp} = {self.world_size}: "
+                "expert groups are blocks of ep ranks taken from the dp_shard x sp ranks"
+            )
+
+    # -- construction ----------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None, *, where: str = "parallel") -> ParallelLayout:
+        if data is None:
+            return cls()
+        if not isinstance(data, Mapping):
+            raise ParallelConfigError(f"{where} must be a mapping such as {{dp_shard: 2, sp: 2, ep: 2}}, "
+                                      f"not {type(data).__name__}")
+        unknown = [k for k in data if k not in FIELDS]
+        if unknown:
+            raise ParallelConfigError(f"{where}: unknown field(s) {', '.join(map(str, unknown))}; known: "
+                                      + "; ".join(f"{k} ({v})" for k, v in FIELDS.items()))
+        return cls(**dict(data))
+
+    @classmethod
+    def data_parallel(cls, world_size: int, timeout_s: float = DEFAULT_TIMEOUT_S) -> ParallelLayout:
+        """The layout of a job with no ``parallel:`` section run on ``world_size`` processes: FSDP only."""
+        return cls(dp_shard=world_size, timeout_s=timeout_s)
+
+    # -- facts -----------------------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return self.dp_shard * self.sp
+
+    @property
+    def is_trivial(self) -> bool:
+        return self.world_size == 1
+
+    def coords(self, rank: int) -> dict[str, int]:
+        """This rank's place: data-parallel row, sequence shard, expert group and rank in it."""
+        return {"dp": rank // self.sp, "sp": rank % self.sp, "ep_group": rank // self.ep, "ep": rank % self.ep}
+
+    def sp_group(self, rank: int) -> list[int]:
+        start = rank - rank % self.sp
+        return list(range(start, start + self.sp))
+
+    def ep_group(self, rank: int) -> list[int]:
+        start = rank - rank % self.ep
+        return list(range(start, start + self.ep))
+
+    def needs(self) -> dict[str, tuple[str, ...]]:
+        """What kernels must declare (``KernelSpec.parallel``) to run in this layout, per op."""
+        out: dict[str, tuple[str, ...]] = {}
+        if self.sp > 1:
+            out["attention"] = ("sp",)
+        if self.ep > 1:
+            out["moe_experts"] = ("ep",)
+        return out
+
+    # -- checks against the world, the model, the batch ----------------------------------------
+    def check_world(self, world_size: int, launcher: str = "") -> None:
+        if world_size != self.world_size:
+            how = launcher or f"torchrun --nproc-per-node {self.world_size}"
+            raise ParallelConfigError(
+                f"parallel: dp_shard {self.dp_shard} x sp {self.sp} = {self.world_size} process(es), but this job runs "
+                f"in {world_size} (WORLD_SIZE={world_size}); make dp_shard x sp equal the number of processes, or run "
+                f"it as {how} ..."
+            )
+
+    def check_model(self, config: Any) -> None:
+        """Refuse, with the numbers, a layout the model's shapes do not allow (``config``: a transformers config)."""
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        problems = []
+        if self.sp > 1:
+            for field in ("num_attention_heads", "num_key_value_heads"):
+                n = getattr(text, field, None)
+                if isinstance(n, int) and n % self.sp:
+                    problems.append(f"parallel.sp {self.sp} must divide {field} = {n} (Ulysses gives each of the sp "
+                                    f"ranks {field} / sp heads)")
+            kinds = sorted({str(t) for t in (getattr(text, "layer_types", None) or [])}
+                           - {"full_attention", "sliding_attention"})
+            if kinds:
+                problems.append(f"parallel.sp {self.sp}: the model has {', '.join(kinds)} layers, which mix tokens "
+                                "along the sequence outside attention and have no sequence-parallel form here; use sp: 1")
+        if self.ep > 1:
+            experts = next((getattr(text, f) for f in ("num_experts", "num_local_experts", "n_routed_experts")
+                            if isinstance(getattr(text, f, None), int)), None)
+            if experts is None:
+                problems.append(f"parallel.ep {self.ep}: the model has no routed experts (no num_experts in its "
+                                "config); use ep: 1")
+            elif experts % self.ep:
+                problems.append(f"parallel.ep {self.ep} must divide the number of experts, {experts} (each of the ep "
+                                "ranks of a group owns experts / ep of them)")
+        if problems:
+            raise ParallelConfigError("; ".join(problems))
+
+    def check_batch(self, batch_size: int) -> None:
+        if batch_size % self.dp_shard:
+            raise ParallelConfigError(
+                f"train.batch_size {batch_size} is the global batch and parallel.dp_shard {self.dp_shard} must divide it "
+                f"(each data-parallel rank trains batch_size / dp_shard rows)"
+            )
+
+    # -- printing ---------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "world_size": self.world_size}
+
+    def describe(self) -> str:
+        """Several lines: the layout, the groups and what is sharded how."""
+        w = self.world_size
+        lines = [f"ParallelLayout: {w} process(es) = dp_shard {self.dp_shard} x sp {self.sp}; ep {self.ep}; "
+                 f"collective timeout {self.timeout_s:g}s"]
+        lines.append(f"  FSDP2: dense parameters sharded over all {w} ranks (dp_shard x sp), gradients summed")
+        if self.sp > 1:
+            groups = " ".join(str(self.sp_group(r)) for r in range(0, w, self.sp))
+            lines.append(f"  sp: Ulysses groups {groups}: each rank holds 1/{self.sp} of every sequence; attention "
+                         "all-to-alls to full sequence x heads/sp around the plan's kernel")
+        if self.ep > 1:
+            groups = " ".join(str(self.ep_group(r)) for r in range(0, w, self.ep))
+            lines.append(f"  ep: expert groups {groups}: each rank owns 1/{self.ep} of the experts; tokens dispatched "
+                         f"by all-to-all; expert parameters FSDP-sharded over the {w // self.ep} rank(s) owning the "
+                         "same experts")
+        return "\n".join(lines)

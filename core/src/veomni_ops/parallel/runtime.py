@@ -1,0 +1,303 @@
+"""``ParallelRuntime``: one process's part of a parallel job.
+
+    with ParallelRuntime.from_env(layout) as rt:        # torchrun's RANK / WORLD_SIZE / MASTER_*
+        model = build(...)
+        rt.prepare(model)                                # layout vs model; keep this rank's experts
+        binding = veomni_ops.apply(model, ops, parallel=rt)   # plan resolved for the layout, kernels wrapped
+        rt.parallelize(model, binding, dtype)            # FSDP2
+        for ids in batches:                              # the global batch, the same on every rank
+            out = model(**rt.shard_batch(ids))           # this rank's rows and sequence slice
+            out.loss.backward()                          # every rank's loss is its share
+            loss = rt.global_loss(out.loss)              # = the single-process loss
+
+Process groups and meshes are PyTorch's (``init_process_group``, ``init_device_mesh``): gloo
+on CPU, NCCL on CUDA. ``apply(..., parallel=rt)`` asks the plan for kernels whose spec declares
+what the layout needs (``KernelSpec.parallel``: ``"sp"`` for attention when sp > 1, ``"ep"`` for
+the experts when ep > 1), then :meth:`wrap_plan` wraps them: Ulysses around the attention kernel
+(:mod:`.ulysses`), dispatch/combine around the experts kernel (:mod:`.expert`), and the
+load-balancing loss over every rank's tokens. Binding then proceeds as in one process.
+
+A runtime that finds no process group initialises one (``env://``) and destroys it at the end:
+one job per process, as under torchrun. A process that runs several jobs initialises the group
+itself; each runtime then makes its meshes on it and leaves it as it found it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .expert import expert_parallel, global_load_balancing, shard_experts
+from .faults import FailureGuard
+from .fsdp import full_tensor, shard_model
+from .layout import ParallelConfigError, ParallelLayout, world_from_env
+from .ulysses import pad_to_multiple, seq_slice, ulysses_attention
+
+IGNORE_INDEX = -100
+
+
+class ParallelRuntime:
+    """Process groups, meshes and the per-rank helpers of one parallel job (module docstring)."""
+
+    def __init__(self, layout: ParallelLayout, rank: int, local_rank: int, device: str):
+        self.layout = layout
+        self.rank, self.local_rank = rank, local_rank
+        self.world_size = layout.world_size
+        self.device = device
+        self.backend = "nccl" if device.startswith("cuda") else "gloo"
+        self.coords = layout.coords(rank)
+        self.sp_group = self.ep_group = None
+        self.dense_mesh = self.expert_mesh = None
+        self.guard: FailureGuard | None = None
+        self._owns_pg = False
+        self._token_mask: torch.Tensor | None = None
+        self._expert_modules: list[nn.Module] = []
+        self._expert_params: set[str] = set()
+
+    # -- start and end ------------------------------------------------------------------------
+    @classmethod
+    def from_env(cls, layout: ParallelLayout | None = None, device: str = "auto") -> ParallelRuntime:
+        """This process's runtime, from torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK,
+        MASTER_ADDR, MASTER_PORT). ``layout=None``: FSDP over every process."""
+        world = world_from_env()
+        layout = layout if layout is not None else ParallelLayout.data_parallel(world)
+        layout.check_world(world)
+        rank = int(os.environ.get("RANK", "0"))
+        local_rank = int(os.environ.get("LOCAL_RANK", str(rank)))
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device.startswith("cuda"):
+            device = f"cuda:{local_rank}"  # one GPU per process: torchrun's LOCAL_RANK
+        return cls(layout, rank, local_rank, device)
+
+    def start(self) -> ParallelRuntime:
+        timeout = timedelta(seconds=self.layout.timeout_s)
+        if self.device.startswith("cuda"):
+            torch.cuda.set_device(torch.device(self.device))
+        if not dist.is_initialized():
+            dist.init_process_group(self.backend, init_method="env://", rank=self.rank,
+                                    world_size=self.world_size, timeout=timeout)
+            self._owns_pg = True
+        elif dist.get_world_size() != self.world_size:
+            raise ParallelConfigError(f"the process group has {dist.get_world_size()} ranks, the layout "
+                                      f"{self.world_size}")
+        self.guard = FailureGuard(self.rank, self.world_size, os.environ.get("MASTER_ADDR"),
+                                  int(os.environ["MASTER_PORT"]) if os.environ.get("MASTER_PORT") else None,
+                                  timeout_s=self.layout.timeout_s)
+        self.guard.__enter__()
+        self._make_meshes()
+        return self
+
+    def _make_meshes(self) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        kind = "cuda" if self.device.startswith("cuda") else "cpu"
+        lay = self.layout
+        self.dense_mesh = init_device_mesh(kind, (self.world_size,), mesh_dim_names=("fsdp",))
+        if lay.sp > 1:
+            grid = init_device_mesh(kind, (lay.dp_shard, lay.sp), mesh_dim_names=("dp_shard", "sp"))
+            self.sp_group = grid.get_group("sp")
+        if lay.ep > 1:
+            grid = init_device_mesh(kind, (self.world_size // lay.ep, lay.ep), mesh_dim_names=("edp", "ep"))
+            self.ep_group = grid.get_group("ep")
+            self.expert_mesh = grid["edp"]
+
+    def close(self, exc: BaseException | None = None) -> None:
+        """End the job on this rank: on success a barrier, then the process group is destroyed;
+        on failure the guard tells the other ranks (or raises :class:`ParallelFailure`)."""
+        guard, self.guard = self.guard, None
+        if exc is not None:
+            if guard is not None:
+                guard.__exit__(type(exc), exc, exc.__traceback__)
+            return
+        if guard is not None:
+            guard.stop()
+        if dist.is_initialized():
+            dist.barrier()
+            if self._owns_pg:
+                dist.destroy_process_group()
+
+    def __enter__(self) -> ParallelRuntime:
+        return self.start()
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self.close(exc)
+        return False
+
+    # -- the plan --------------------------------------------------------------------------------
+    def needs(self) -> dict[str, tuple[str, ...]]:
+        """Per op, what ``KernelSpec.parallel`` must declare for this layout (given to ``resolve``)."""
+        return self.layout.needs()
+
+    def wrap_plan(self, plan):
+        """``plan`` with its kernels wrapped for this layout (attention: Ulysses; experts: EP; the
+        load-balancing loss: over every rank's tokens). Refuses a kernel whose spec lacks what the
+        layout needs."""
+        from ..plan import KernelPlan
+
+        needs = self.needs()
+        entries = []
+        for e in plan.entries:
+            missing = [m for m in needs.get(e.op, ()) if m not in getattr(e.spec, "parallel", ())]
+            if missing:
+                raise ParallelConfigError(
+                    f"{e.op} kernel {e.kernel!r} ({e.distribution}) does not declare parallel={missing} in its spec, "
+                    f"which this layout needs (sp={self.layout.sp}, ep={self.layout.ep}); pick a kernel that does, "
+                    "or resolve with the layout (veomni_ops.apply(model, config, parallel=runtime))")
+            if e.fn is None:
+                entries.append(e)
+                continue
+            fn, note = e.fn, ""
+            if e.op == "attention" and self.layout.sp > 1:
+                fn, note = ulysses_attention(fn, self.sp_group, self.layout.sp, e.kernel), f"Ulysses sp={self.layout.sp}"
+            elif e.op == "moe_experts" and self.layout.ep > 1:
+                fn, note = expert_parallel(fn, self.ep_group, self.layout.ep, e.kernel), f"expert-parallel ep={self.layout.ep}"
+            elif e.op == "load_balancing_loss" and self.world_size > 1:
+                fn = global_load_balancing(fn, None, self.world_size, lambda: self._token_mask)
+                note = f"over the tokens of all {self.world_size} ranks"
+            entries.append(dataclasses.replace(e, fn=fn, reason=f"{e.reason}; {note}" if note else e.reason))
+        return KernelPlan(plan.device, plan.config, tuple(entries), compile=plan.compile)
+
+    # -- the model -------------------------------------------------------------------------------
+    def prepare(self, model: nn.Module) -> None:
+        """Before binding: check the layout against the model; keep only this rank's experts;
+        under SP, refuse padding masks and calls without global position ids."""
+        from ..binding import survey
+
+        if getattr(model, "config", None) is not None:
+            self.layout.check_model(model.config)
+        places = survey(model)
+        lay = self.layout
+        if lay.sp > 1:
+            attn = [p for p in places if p.op == "attention"]
+            bad = [f"{p.path} ({p.foreign})" for p in attn if p.foreign]
+            placed = {id(p.module) for p in attn}
+            bad += [f"{n} ({type(m).__name__}: its forward does not call the attention interface)"
+                    for n, m in model.named_modules()
+                    if type(m).__name__.endswith("Attention") and id(m) not in placed and hasattr(m, "head_dim")]
+            if bad or not attn:
+                raise ParallelConfigError(f"parallel.sp {lay.sp}: sequence parallelism wraps the bound attention "
+                                          "kernel, and these attention modules cannot take it: "
+                                          + (", ".join(bad) or "the model has no attention place"))
+            model.register_forward_pre_hook(_sp_input_check(lay.sp), with_kwargs=True)
+        if lay.ep > 1:
+            experts = [p for p in places if p.op == "moe_experts"]
+            if not experts:
+                raise ParallelConfigError(f"parallel.ep {lay.ep}: the model has no routed experts veomni-ops can bind; "
+                                          "use ep: 1")
+            bad = [f"{p.path} ({p.foreign})" for p in experts if p.foreign]
+            if bad:
+                raise ParallelConfigError(f"parallel.ep {lay.ep}: expert modules overridden by user code cannot be "
+                                          f"expert-parallel: {', '.join(bad)}")
+            names = {id(m): n for n, m in model.named_modules()}
+            for p in experts:
+                shard_experts(p.module, lay.ep, self.coords["ep"])
+                self._expert_modules.append(p.module)
+                prefix = names[id(p.module)]
+                self._expert_params |= {f"{prefix}.gate_up_proj", f"{prefix}.down_proj"}
+
+    def parallelize(self, model: nn.Module, binding, dtype: torch.dtype) -> nn.Module:
+        """After binding: check every place the layout wraps got its kernel; then FSDP2."""
+        bound = {(path, op) for path, op, _, _ in binding.bound}
+        names = {id(m): n for n, m in model.named_modules()}
+        missing = [names[id(m)] for m in self._expert_modules if (names[id(m)], "moe_experts") not in bound]
+        if missing:
+            raise ParallelConfigError(f"parallel.ep {self.layout.ep}: the experts at {', '.join(missing)} were not "
+                                      "bound, so they would not be expert-parallel")
+        return shard_model(model, self.dense_mesh, dtype, self._expert_modules, self.expert_mesh)
+
+    # -- the data --------------------------------------------------------------------------------
+    def shard_batch(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
+                    position_ids: torch.Tensor | None = None) -> dict[str, Any]:
+        """This rank's model inputs from the *global* batch ``[B, S]`` (the same on every rank):
+        rows ``B / dp_shard`` of its data-parallel index, the ``1/sp`` slice of the sequence
+        (padded at the end to a multiple of sp: padding predicts nothing and, being last, no real
+        token attends to it), the global ``position_ids`` of that slice, the labels shifted on the
+        global sequence (``shift_labels``), and ``num_items_in_batch``, the number of counted
+        tokens over all ranks, so that every rank's loss is its share of the global mean.
+        ``position_ids`` (``[B or 1, S]``, default ``0..S-1``): restarting positions mark packed
+        documents; attention then stays within each document across the sequence slices."""
+        from ..losses import shifted_labels
+
+        lay = self.layout
+        b, s = input_ids.shape
+        lay.check_batch(b)
+        labels = input_ids if labels is None else labels
+        rows = slice(self.coords["dp"] * (b // lay.dp_shard), (self.coords["dp"] + 1) * (b // lay.dp_shard))
+        ids, shift = input_ids[rows], shifted_labels(labels[rows], IGNORE_INDEX)
+        if position_ids is None:
+            pos = torch.arange(s, device=ids.device).expand(ids.shape[0], s)
+        else:
+            pos = position_ids.to(ids.device).expand(b, s)[rows]
+        self._token_mask = None
+        if lay.sp > 1:
+            padded = (-s) % lay.sp
+            ids = pad_to_multiple(ids, lay.sp, 0)
+            shift = pad_to_multiple(shift, lay.sp, IGNORE_INDEX)
+            # padding continues the last document's positions (no restart: no new document)
+            pos = torch.cat([pos, pos[:, -1:] + torch.arange(1, padded + 1, device=pos.device)], dim=-1)
+            if padded:
+                real = torch.arange(s + padded, device=ids.device) < s
+                self._token_mask = seq_slice(real.expand(ids.shape[0], -1), lay.sp, self.coords["sp"]).contiguous()
+            ids, shift, pos = (seq_slice(x, lay.sp, self.coords["sp"]).contiguous() for x in (ids, shift, pos))
+        count = (shift != IGNORE_INDEX).sum().to(torch.float32)
+        dist.all_reduce(count)
+        # use_cache=False: no KV cache in training (transformers builds one by default, and then ignores
+        # packed position_ids when it builds the mask)
+        return {"input_ids": ids, "position_ids": pos, "shift_labels": shift, "num_items_in_batch": count,
+                "use_cache": False}
+
+    def global_loss(self, loss: torch.Tensor) -> float:
+        """The sum of every rank's loss share: the loss one process would report."""
+        t = loss.detach().float().reshape(1).clone()
+        dist.all_reduce(t)
+        return float(t)
+
+    # -- inspection ------------------------------------------------------------------------------
+    def gather_full(self, model: nn.Module, grads: bool = False) -> dict[str, torch.Tensor]:
+        """Every parameter (or its gradient) whole, on every rank: FSDP shards gathered, expert
+        slices gathered over the expert group. A collective: call it on every rank."""
+        out = {}
+        for name, p in model.named_parameters():
+            t = p.grad if grads else p.detach()
+            if t is None:
+                continue
+            t = full_tensor(t)
+            if name in self._expert_params:
+                got = [torch.empty_like(t) for _ in range(self.layout.ep)]
+                dist.all_gather(got, t.contiguous(), group=self.ep_group)
+                t = torch.cat(got)
+            out[name] = t
+        return out
+
+    def describe(self) -> str:
+        c = self.coords
+        return (self.layout.describe() + f"\n  this is rank {self.rank} (dp {c['dp']}, sp {c['sp']}, ep {c['ep']}) on "
+                f"{self.device}, backend {self.backend}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.layout.to_dict(), "backend": self.backend}
+
+
+def _sp_input_check(sp: int):
+    def hook(module, args, kwargs):
+        mask = kwargs.get("attention_mask")
+        if isinstance(mask, torch.Tensor):
+            if mask.dim() == 2 and bool(mask.all()):
+                kwargs["attention_mask"] = None
+            else:
+                raise ValueError(f"sequence parallelism (sp={sp}) takes no padding mask: every rank holds a slice of "
+                                 "the sequence and attention is causal over the gathered sequence. Pack documents "
+                                 "into rows with restarting position_ids instead (ParallelRuntime.shard_batch)")
+        if kwargs.get("position_ids") is None and (len(args) < 3 or args[2] is None):
+            raise ValueError(f"sequence parallelism (sp={sp}) needs the position_ids of the global sequence for each "
+                             "rank's slice (ParallelRuntime.shard_batch gives them)")
+        return args, kwargs
+
+    return hook

@@ -1,0 +1,149 @@
+"""One rank of a parallel test job (started by test_parallel.py as torchrun would: RANK,
+WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT in the environment).
+
+    python parallel_worker.py SCENARIOS.json OUT_DIR
+
+Runs every scenario of the file in turn (each a layout, a tiny model, a few optimizer steps)
+with the library's API, as ``veomni-ops train`` does, and rank 0 saves the per-step global
+losses, the gathered gradients of every step and the gathered parameters after the last step
+to ``OUT_DIR/<name>.pt``. The optimizer is plain SGD by default: AdamW's first steps are
+``lr * sign(grad)`` and turn float32 noise in a near-zero gradient into a full-size update, which
+would hide what the comparison is for (``"opt": "adamw"`` for the real one). The single-process reference (:func:`run_reference`) is in this
+module too, so both sides build the same model from the same seed and data.
+
+A scenario may ask a rank to fail (``"fail": {"rank": 1, "step": 1}``) to test fault handling.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import types
+from typing import Any
+
+import torch
+from veomni_ops import apply
+from veomni_ops.train import build_model, synthetic_batches
+
+#: small enough for a 2-core CI machine, large enough for 2 heads per rank at sp=2
+TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2)
+
+
+def build(sc: dict[str, Any]):
+    job = {"architecture": sc["arch"], "size": "tiny", "config_file": None,
+           "overrides": {**TINY, **sc.get("config", {})}, "train": {"seed": sc.get("seed", 0)}}
+    model = build_model(job, "cpu").to(getattr(torch, sc.get("dtype", "float32")))
+    if sc.get("route_to_first_half"):
+        for m in model.modules():
+            if type(m).__name__.endswith("TopKRouter"):
+                m.forward = types.MethodType(_first_half_router, m)
+    return model
+
+
+def _first_half_router(self, hidden_states):
+    """The Qwen3-MoE router, but only experts [0, E/2) can win: the second half gets no token
+    (and, under ep=2, its rank receives none)."""
+    h = hidden_states.reshape(-1, self.hidden_dim)
+    logits = torch.nn.functional.linear(h, self.weight)
+    block = torch.zeros(self.num_experts, dtype=logits.dtype, device=logits.device)
+    block[self.num_experts // 2:] = -1e4
+    logits = logits + block
+    probs = torch.softmax(logits, dtype=torch.float, dim=-1)
+    top, idx = torch.topk(probs, self.top_k, dim=-1)
+    if self.norm_topk_prob:
+        top = top / top.sum(dim=-1, keepdim=True)
+    return logits, top.to(logits.dtype), idx
+
+
+def batches(model, sc):
+    return list(synthetic_batches(model.config.vocab_size, sc["batch"], sc["seq"], sc["steps"], sc.get("seed", 0),
+                                  "cpu"))
+
+
+def positions(sc) -> torch.Tensor | None:
+    """``"packed": [starts...]``: position ids ``[B, S]`` restarting at those offsets (documents)."""
+    if not sc.get("packed"):
+        return None
+    pos = torch.arange(sc["seq"])
+    for start in sc["packed"]:
+        pos[start:] -= pos[start].clone()
+    return pos.expand(sc["batch"], -1).clone()
+
+
+def optimizer(model, sc):
+    if sc.get("opt", "sgd") == "adamw":
+        return torch.optim.AdamW(model.parameters(), lr=sc.get("lr", 1e-3))
+    return torch.optim.SGD(model.parameters(), lr=sc.get("lr", 0.1))
+
+
+def run_reference(sc: dict[str, Any]) -> dict[str, Any]:
+    """The same job in this one process."""
+    model = build(sc)
+    binding = apply(model, sc["ops"])
+    opt = optimizer(model, sc)
+    losses, grads = [], []
+    for ids in batches(model, sc):
+        pos = positions(sc)
+        out = model(input_ids=ids, labels=ids, position_ids=pos, use_cache=False)
+        out.loss.backward()
+        grads.append({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(float(out.loss.detach()))
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    return {"losses": losses, "grads": grads, "params": params, "plan": binding.plan.to_dict()}
+
+
+def run_parallel(sc: dict[str, Any], out_dir: str) -> None:
+    from veomni_ops.parallel import ParallelLayout, ParallelRuntime
+
+    layout = ParallelLayout.from_dict(sc["parallel"])
+    with ParallelRuntime.from_env(layout, "cpu") as rt:
+        model = build(sc)
+        rt.prepare(model)
+        binding = apply(model, sc["ops"], parallel=rt)
+        if rt.rank == 0:
+            print(f"== {sc['name']}\n{binding.plan.table()}\n{rt.describe()}", flush=True)
+        rt.parallelize(model, binding, getattr(torch, sc.get("dtype", "float32")))
+        opt = optimizer(model, sc)
+        losses, grads = [], []
+        fail = sc.get("fail") or {}
+        for i, ids in enumerate(batches(model, sc)):
+            if fail.get("rank") == rt.rank and fail.get("step") == i:
+                raise ValueError(f"injected fault on rank {rt.rank} at step {i}")
+            out = model(**rt.shard_batch(ids, position_ids=positions(sc)))
+            out.loss.backward()
+            grads.append(rt.gather_full(model, grads=True))
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(rt.global_loss(out.loss))
+        params = rt.gather_full(model)
+        received = torch.zeros(rt.world_size, dtype=torch.long)
+        entry = binding.plan.get("moe_experts", "standard")
+        if entry is not None and hasattr(entry.fn, "veomni_ops_ep"):
+            received[rt.rank] = entry.fn.veomni_ops_ep["stats"]["received_rows"]
+        torch.distributed.all_reduce(received)
+        if rt.rank == 0:
+            torch.save({"losses": losses, "grads": grads, "params": params, "received_rows": received.tolist(),
+                        "plan": binding.plan.to_dict()},
+                       os.path.join(out_dir, f"{sc['name']}.pt"))
+
+
+def main(argv: list[str]) -> int:
+    from datetime import timedelta
+
+    with open(argv[0]) as fh:
+        scenarios = json.load(fh)
+    # One process group for all scenarios (each runtime makes its own meshes on it).
+    timeout = min(float(sc["parallel"].get("timeout_s", 600)) for sc in scenarios)
+    torch.distributed.init_process_group("gloo", timeout=timedelta(seconds=timeout))
+    for sc in scenarios:
+        run_parallel(sc, argv[1])
+    torch.distributed.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
