@@ -446,3 +446,20 @@ def test_cli_train_under_torchrun_gives_the_one_process_losses(tmp_path):
     ref = train.train_one(train.load_job(str(one)), out=open(os.devnull, "w"))
     for a, b in zip(got["losses"], ref["losses"]):
         assert abs(a - b) <= 1e-5 * max(1.0, abs(b)), (got["losses"], ref["losses"])
+
+
+def test_torchrun_with_one_process_takes_the_parallel_path(tmp_path, monkeypatch):
+    """Under torchrun (WORLD_SIZE and RANK set), a trivial layout still runs the parallel path
+    (process group, DeviceMesh, FSDP2 over one rank): the world-size-1 NCCL/gloo check."""
+    from veomni_ops import train
+
+    path = tmp_path / "ws1.yaml"
+    path.write_text("model: {architecture: qwen3, size: tiny}\nparallel: {dp_shard: 1, sp: 1}\n"
+                    "train: {steps: 1, device: cpu}\n")
+    job = train.load_job(str(path))
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    assert not train.is_parallel(job)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    assert train.is_parallel(job)

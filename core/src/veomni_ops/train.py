@@ -426,10 +426,13 @@ def _rank() -> int:
 
 
 def is_parallel(job: dict[str, Any]) -> bool:
-    """Does this job run as one rank of several (under torchrun, or with a non-trivial ``parallel:``)?"""
+    """Does this job run the parallel path: launched by torchrun (even with one process: the
+    world-size-1 NCCL/gloo path), or with a non-trivial ``parallel:`` layout?"""
     from .parallel.layout import world_from_env
 
-    return world_from_env() > 1 or (job.get("parallel") is not None and not job["parallel"].is_trivial)
+    under_torchrun = "WORLD_SIZE" in os.environ and "RANK" in os.environ
+    return under_torchrun or world_from_env() > 1 or (job.get("parallel") is not None
+                                                      and not job["parallel"].is_trivial)
 
 
 def train_one(job: dict[str, Any], out=sys.stderr, baseline: str | None = None) -> dict[str, Any]:
