@@ -312,18 +312,8 @@ class KernelSpec:
                 raise SpecError(f"kernel {self.name!r}: tolerance for {d} must be a Tolerance or (atol, rtol)")
             norm.append((d, t))
         object.__setattr__(self, "tolerances", tuple(sorted(norm)))
-        feats = (self.features,) if isinstance(self.features, str) else tuple(self.features)
-        for f in feats:
-            if f not in FEATURES.get(self.op, ()):
-                known = ", ".join(FEATURES.get(self.op, ())) or "none"
-                raise SpecError(f"kernel {self.name!r}: unknown feature {f!r} for op {self.op}; known: {known}")
-        object.__setattr__(self, "features", tuple(sorted(set(feats))))
-        par = (self.parallel,) if isinstance(self.parallel, str) else tuple(self.parallel)
-        for m in par:
-            if m not in PARALLEL.get(self.op, ()):
-                known = ", ".join(PARALLEL.get(self.op, ())) or "none"
-                raise SpecError(f"kernel {self.name!r}: unknown parallel mode {m!r} for op {self.op}; known: {known}")
-        object.__setattr__(self, "parallel", tuple(sorted(set(par))))
+        object.__setattr__(self, "features", _declared(self, self.features, FEATURES, "feature"))
+        object.__setattr__(self, "parallel", _declared(self, self.parallel, PARALLEL, "parallel mode"))
         for b in ("supports_backward", "supports_compile"):
             if not isinstance(getattr(self, b), bool):
                 raise SpecError(f"kernel {self.name!r}: {b} must be True or False")
@@ -363,6 +353,16 @@ class KernelSpec:
             "parallel": list(self.parallel),
             "description": self.description,
         }
+
+
+def _declared(spec: KernelSpec, value: Any, table: Mapping[str, tuple[str, ...]], what: str) -> tuple[str, ...]:
+    """``value`` (a name or names) checked against ``table[spec.op]``, sorted and deduplicated."""
+    names = (value,) if isinstance(value, str) else tuple(value)
+    for n in names:
+        if n not in table.get(spec.op, ()):
+            known = ", ".join(table.get(spec.op, ())) or "none"
+            raise SpecError(f"kernel {spec.name!r}: unknown {what} {n!r} for op {spec.op}; known: {known}")
+    return tuple(sorted(set(names)))
 
 
 def _parse_requirement(text: str, kernel: str):
