@@ -133,6 +133,16 @@ def test_plan_for_another_device_does_not_need_its_packages_here(tmp_path, capsy
     assert json.loads(capsys.readouterr().out)["not_checked"] == []
 
 
+def test_resolve_check_requires_switch(needy_registry):
+    """The library's switch behind remote planning: by default a missing requirement refuses the
+    named kernel, also when planning for another device; check_requires=False plans it."""
+    cfg = {"rms_norm_implementation": "needy"}
+    with pytest.raises(veomni_ops.ResolutionError, match="which is not installed"):
+        veomni_ops.resolve(cfg, "cuda:9.0", registry=needy_registry, load=False)
+    plan = veomni_ops.resolve(cfg, "cuda:9.0", registry=needy_registry, load=False, check_requires=False)
+    assert plan.get("rms_norm", "standard").kernel == "needy"
+
+
 def test_plugins_for_another_device_says_usable_there(capsys, needy_registry):
     assert main(["plugins", "--device", "cuda:9.0"]) == 0
     lines = capsys.readouterr().out.splitlines()

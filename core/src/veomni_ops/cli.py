@@ -48,31 +48,6 @@ ENV_TRACE = "VEOMNI_OPS_TRACE"
 # ----------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def requirements_not_checked(unchecked: list[str]) -> Iterator[None]:
-    """Within: a kernel's ``requires`` that this machine does not satisfy is appended to
-    ``unchecked`` instead of making the kernel unusable. For planning for another device,
-    whose installed packages this machine cannot see.
-
-    (Swaps :func:`veomni_ops.resolve.requirement_problem`, which ``static_problem`` calls; to be
-    replaced by a ``check_requires`` switch of ``resolve()`` itself.)
-    """
-    res = importlib.import_module("veomni_ops.resolve")  # the module (the package's `resolve` is the function)
-    real = res.requirement_problem
-
-    def recording(text: str) -> str | None:
-        why = real(text)
-        if why is not None and text not in unchecked:
-            unchecked.append(text)
-        return None
-
-    res.requirement_problem = recording
-    try:
-        yield
-    finally:
-        res.requirement_problem = real
-
-
 def _unmet(requires: Sequence[str]) -> list[str]:
     """The requirements of ``requires`` this machine does not satisfy."""
     from .resolve import requirement_problem
@@ -109,8 +84,8 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
     for rk in reg:
         unchecked: list[str] = []
         if remote:  # no import, and requirements of the target machine cannot be seen from here
-            with requirements_not_checked(unchecked):
-                why = kernel_problem(rk, dev, training=False, registry=reg, probe=False)
+            why = kernel_problem(rk, dev, training=False, registry=reg, probe=False, check_requires=False)
+            unchecked = _unmet(rk.spec.requires)
         else:
             # Checks and, on this machine's device, an import of its kernel: one that fails is not usable.
             why = kernel_problem(rk, dev, training=False, registry=reg)
@@ -165,10 +140,9 @@ def _cmd_resolve(args: argparse.Namespace) -> int:
     dev = current_device(args.device)
     cfg = OpsConfig.from_yaml(args.config)
     remote = _remote(dev)
-    unchecked: list[str] = []
-    # Kernels are imported only when resolving for the device this process runs on.
-    with requirements_not_checked(unchecked) if remote else contextlib.nullcontext():
-        plan = resolve(cfg, dev, training=not args.inference)
+    # Kernels are imported only when resolving for the device this process runs on; the
+    # requirements of another machine cannot be seen from here (listed below as not checked).
+    plan = resolve(cfg, dev, training=not args.inference, check_requires=not remote)
     not_checked = [{"op": e.op, "variant": e.variant, "kernel": e.kernel, "distribution": e.distribution,
                     "requires": unmet} for e in plan.entries if remote and (unmet := _unmet(e.spec.requires))]
     unmanaged = dict(cfg.unmanaged)

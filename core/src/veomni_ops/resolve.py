@@ -167,14 +167,15 @@ def _strict_import_error(rk: RegisteredKernel, e: BaseException, name: str) -> P
 
 def kernel_problem(rk: RegisteredKernel, device: DeviceInfo | str | None = None, *, dtype: str | None = None,
                    training: bool = True, features: Iterable[str] = (), compile: bool = False,
-                   probe: bool | None = None, registry: Registry | None = None) -> str | None:
+                   probe: bool | None = None, registry: Registry | None = None,
+                   check_requires: bool = True) -> str | None:
     """Why ``rk`` cannot be used here, ``None`` if it can: :func:`static_problem`, and then
     whether its kernel imports. ``probe`` (default: the device is this machine's) imports the
     factory to find out; otherwise only a failure already seen in this process counts. Under
     ``VEOMNI_OPS_STRICT=1`` an import failure raises :class:`PluginLoadError`. This is what
-    ``veomni-ops plugins`` reports as "usable here"."""
+    ``veomni-ops plugins`` reports as "usable here". ``check_requires``: see :func:`static_problem`."""
     dev = current_device(device)
-    why = static_problem(rk.spec, dev, dtype, training, features, compile)
+    why = static_problem(rk.spec, dev, dtype, training, features, compile, check_requires=check_requires)
     if why:
         return why
     if probe is None:
@@ -207,17 +208,20 @@ def requirement_problem(text: str) -> str | None:
 
 
 def static_problem(spec: KernelSpec, device: DeviceInfo, dtype: str | None = None, training: bool = True,
-                   features: Iterable[str] = (), compile: bool = False, parallel: Iterable[str] = ()) -> str | None:
+                   features: Iterable[str] = (), compile: bool = False, parallel: Iterable[str] = (),
+                   check_requires: bool = True) -> str | None:
     """Why ``spec`` cannot run here, checking metadata only (no import); ``None`` if it can.
 
     ``features``: what the model's places need the kernel to honour (see ``spec.FEATURES``);
     ``compile``: the model will run under ``torch.compile``; ``parallel``: what the job's
-    parallel layout needs the kernel to run under (see ``spec.PARALLEL``: ``sp``, ``ep``).
+    parallel layout needs the kernel to run under (see ``spec.PARALLEL``: ``sp``, ``ep``);
+    ``check_requires=False``: skip the ``requires`` check, for planning for another machine,
+    whose installed packages this one cannot see.
     """
     why = check_hardware(spec.hardware, device)
     if why:
         return why
-    for r in spec.requires:
+    for r in spec.requires if check_requires else ():
         why = requirement_problem(r)
         if why:
             return why
@@ -337,6 +341,7 @@ def resolve(
     features: Mapping[str, Iterable[str]] | None = None,
     compile: bool = False,
     parallel: Mapping[str, Iterable[str]] | None = None,
+    check_requires: bool = True,
 ) -> KernelPlan:
     """Resolve ``config`` for ``device`` into a :class:`KernelPlan`.
 
@@ -345,7 +350,8 @@ def resolve(
     (kernel must have a backward) filter kernels, and so do ``features`` (per op, what the
     model's places need honoured, e.g. ``{"attention": {"softcap"}}``) and ``compile``
     (the model will run under ``torch.compile``: only ``supports_compile`` kernels), and so does ``parallel`` (per
-    op, what the job's parallel layout needs, e.g. ``{"attention": {"sp"}}``). ``load=False`` checks everything but
+    op, what the job's parallel layout needs, e.g. ``{"attention": {"sp"}}``). ``check_requires=False``
+    skips the check of each kernel's ``requires`` (planning for another machine). ``load=False`` checks everything but
     the import (for resolving for another device); the default loads unless the device is
     one this machine is not (``VEOMNI_OPS_DEVICE=cuda:9.0`` on a CPU box). Raises :class:`ResolutionError` listing
     every refusal.
@@ -368,7 +374,7 @@ def resolve(
     unknown = [op for op in feats if op not in OPS]
     if unknown:
         raise ValueError(f"unknown op(s) in features: {unknown}; known: {', '.join(OPS)}")
-    ctx = _Ctx(dev, dtype, training, load, compile)
+    ctx = _Ctx(dev, dtype, training, load, compile, check_requires=check_requires)
     for op in OPS:
         for req in need_map.get(op, ()):
             alts = _alternatives(req)
@@ -424,9 +430,11 @@ class _Ctx:
     compile: bool
     features: frozenset[str] = frozenset()
     parallel: frozenset[str] = frozenset()
+    check_requires: bool = True
 
     def problem(self, spec: KernelSpec) -> str | None:
-        return static_problem(spec, self.dev, self.dtype, self.training, self.features, self.compile, self.parallel)
+        return static_problem(spec, self.dev, self.dtype, self.training, self.features, self.compile, self.parallel,
+                              self.check_requires)
 
     def usable(self, rk: RegisteredKernel) -> bool:
         """Passes the checks, and its kernel did not fail to import in this process."""
