@@ -90,8 +90,6 @@ class Binder:
     bind: Callable[[Place, Callable, Edits], None]
     root: bool = False
     method: str = "forward"
-    #: ops whose places this binder's ``find`` also returns (the head finds the aux loss)
-    also: tuple[str, ...] = ()
 
 
 # ----------------------------------------------------------------------------------------
@@ -352,16 +350,24 @@ def head_rescales_logits(model: nn.Module) -> bool:
     return False
 
 
-def _find_head(path: str, model: nn.Module, survey: Survey) -> list[Place]:
+def _head_bindable(model: nn.Module) -> bool:
+    """Can the core's causal-LM head replace this model's: hidden states and the lm_head weight
+    are at hand, and nothing changes the logits between lm_head and the loss."""
     lm_head = getattr(model, "lm_head", None)
     inner = getattr(model, "model", None)
-    if not (isinstance(lm_head, nn.Linear) and isinstance(inner, nn.Module)) or head_rescales_logits(model):
-        return []
-    places = [Place("cross_entropy", ("fused_linear", "logits"), "", model)]
+    return isinstance(lm_head, nn.Linear) and isinstance(inner, nn.Module) and not head_rescales_logits(model)
+
+
+def _find_head(path: str, model: nn.Module, survey: Survey) -> list[Place]:
+    return [Place("cross_entropy", ("fused_linear", "logits"), "", model)] if _head_bindable(model) else []
+
+
+def _find_aux_loss(path: str, model: nn.Module, survey: Survey) -> list[Place]:
+    """The MoE aux loss, computed by the head (so only where the head is bound)."""
     fwd = library_method(type(model), "forward")
     if "load_balancing_loss_func" in code_names(fwd) and "load_balancing_loss_func" in function_globals(fwd):
-        places.append(Place("load_balancing_loss", "standard", "", model))
-    return places
+        return [Place("load_balancing_loss", "standard", "", model)] if _head_bindable(model) else []
+    return []
 
 
 def _bind_cross_entropy(place: Place, kernel: Callable, edits: Edits) -> None:
@@ -372,10 +378,6 @@ def _bind_load_balancing(place: Place, kernel: Callable, edits: Edits) -> None:
     edits.head["lbl"] = kernel
 
 
-def _find_nothing(path: str, m: nn.Module, survey: Survey) -> list[Place]:
-    return []
-
-
 #: Every op binding knows, in the order places are bound.
 BINDERS: tuple[Binder, ...] = (
     Binder("rms_norm", _find_rms_norm, _bind_rms_norm),
@@ -383,8 +385,8 @@ BINDERS: tuple[Binder, ...] = (
     Binder("moe_experts", _find_experts, _bind_experts),
     Binder("attention", _find_attention, _bind_attention),
     Binder("rotary", _find_rotary, _bind_rotary),
-    Binder("cross_entropy", _find_head, _bind_cross_entropy, root=True, also=("load_balancing_loss",)),
-    Binder("load_balancing_loss", _find_nothing, _bind_load_balancing, root=True),
+    Binder("cross_entropy", _find_head, _bind_cross_entropy, root=True),
+    Binder("load_balancing_loss", _find_aux_loss, _bind_load_balancing, root=True),
 )
 BY_OP: dict[str, Binder] = {b.op: b for b in BINDERS}
 
