@@ -17,6 +17,7 @@ around SiLU is a SwiGLU MLP, transformers v5's ``gate_up_proj [E, 2I, H]`` /
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .functions import code_names, function_globals, innermost, library_method, user_override
+from .functions import code_names, function_globals, library_method, user_override
 
 
 @dataclass
@@ -220,7 +221,7 @@ def _attention_forward_names(m: nn.Module) -> set[str]:
 def _forward_mentions(m: nn.Module, word: str) -> bool:
     """Does the module's (library) forward name ``word``, as a global/attribute or a string?"""
     try:
-        code = innermost(library_method(type(m), "forward")).__code__
+        code = inspect.unwrap(library_method(type(m), "forward")).__code__
     except AttributeError:
         return False
     return word in code.co_names or word in code.co_consts

@@ -7,6 +7,7 @@ bound module runs a *copy* of that function whose globals name the plan's kernel
 
 from __future__ import annotations
 
+import inspect
 import types
 from collections.abc import Mapping
 from typing import Any
@@ -47,20 +48,13 @@ def copy_with_globals(fn, overrides: Mapping[str, Any]):
     return new
 
 
-def innermost(fn):
-    """``fn`` with every ``functools.wraps`` layer removed."""
-    while getattr(fn, "__wrapped__", None) is not None:
-        fn = fn.__wrapped__
-    return fn
-
-
 def code_names(fn) -> set[str]:
     """Global names the (innermost) function's code refers to."""
-    return set(innermost(fn).__code__.co_names)
+    return set(inspect.unwrap(fn).__code__.co_names)
 
 
 def function_globals(fn) -> dict[str, Any]:
-    return innermost(fn).__globals__
+    return inspect.unwrap(fn).__globals__
 
 
 def owner(cls: type, method: str) -> type | None:
