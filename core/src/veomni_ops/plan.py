@@ -39,6 +39,18 @@ class PlanEntry:
         }
 
 
+def text_columns(rows: list[tuple[str, ...]], indent: str = "") -> list[str]:
+    """Rows as aligned text columns with a rule under the first (the header); the last column,
+    free text, is not padded."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    out = []
+    for i, r in enumerate(rows):
+        out.append((indent + "  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1]).rstrip())
+        if i == 0:
+            out.append(indent + "  ".join("-" * w for w in widths) + "  " + "-" * len(r[-1]))
+    return out
+
+
 class KernelNotLoadedError(RuntimeError):
     pass
 
@@ -95,14 +107,9 @@ class KernelPlan:
         rows = [head] + [
             (e.op, e.variant, e.kernel, f"{e.distribution} {e.version}", e.reason) for e in self.entries
         ]
-        widths = [max(len(r[i]) for r in rows) for i in range(4)]
-        lines = [f"KernelPlan for {self.device}" + (f" ({self.device.name})" if self.device.name else "")
-                 + f", mode {self.mode}" + (" (torch.compile: supports_compile kernels only)" if self.compile else "")]
-        for i, r in enumerate(rows):
-            lines.append("  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4])
-            if i == 0:
-                lines.append("  ".join("-" * w for w in widths) + "  " + "-" * 3)
-        return "\n".join(lines)
+        title = (f"KernelPlan for {self.device}" + (f" ({self.device.name})" if self.device.name else "")
+                 + f", mode {self.mode}" + (" (torch.compile: supports_compile kernels only)" if self.compile else ""))
+        return "\n".join([title, *text_columns(rows)])
 
     def __str__(self) -> str:
         return self.table()

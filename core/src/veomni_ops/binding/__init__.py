@@ -32,7 +32,7 @@ from torch import nn
 
 from ..config import AUTO, OP_TO_FIELD, OpsConfig
 from ..device import DeviceInfo, current_device
-from ..plan import KernelPlan
+from ..plan import KernelPlan, text_columns
 from ..resolve import ResolutionError, resolve
 from ..spec import split_name
 from .binders import BY_OP, Edits, NotBindable, Place, find_places
@@ -72,25 +72,15 @@ class Binding:
         for path, op, variant, kernel in self.bound:
             e = self.plan.get(op, variant)
             rows.append((path or "<model>", op, variant, kernel + (f" ({e.distribution})" if e is not None else "")))
-        lines = [head, *_columns(rows)]
+        lines = [head, *text_columns(rows, indent="  ")]
         if self.skipped:
             lines.append("left to the model's own code:")
-            lines += _columns([("path", "op", "why")] + [(p or "<model>", op, why) for p, op, why in self.skipped])
+            lines += text_columns([("path", "op", "why")] + [(p or "<model>", op, why) for p, op, why in self.skipped],
+                                 indent="  ")
         return "\n".join(lines)
 
     def __str__(self) -> str:
         return self.table()
-
-
-def _columns(rows: list[tuple[str, ...]]) -> list[str]:
-    """Rows as aligned text columns, a rule under the first; the last column is not padded."""
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    out = []
-    for i, r in enumerate(rows):
-        out.append(("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1]).rstrip())
-        if i == 0:
-            out.append("  " + "  ".join("-" * w for w in widths) + "  " + "-" * len(r[-1]))
-    return out
 
 
 def survey(model: nn.Module) -> list[Place]:
