@@ -1,0 +1,305 @@
+"""Fused linear cross-entropy: a Triton online-softmax pass between three GEMMs, logits never whole.
+
+Kernel contract (``veomni_ops.hookspecs.OpHookspecs.cross_entropy``, variant ``fused_linear``)::
+
+    kernel(hidden: Tensor[N, H], weight: Tensor[V, H], labels: LongTensor[N], *,
+           bias: Tensor[V] | None = None, ignore_index: int = -100) -> Tensor[]  (float32 sum)
+
+How, per chunk of ``C`` tokens (``C`` from :func:`chunk_tokens`, a budget on the chunk's
+logits)::
+
+    z   = h_c @ W.T (+ b)                 GEMM 1, cuBLAS, in the input dtype      [C, V]
+    lse, loss_c, g = softmax(z) - onehot  one Triton program per row, float32:    in place in z
+    dH[c] = g @ W                         GEMM 2, cuBLAS                           [C, H]
+    dW   += g.T @ h_c                     GEMM 3, cuBLAS, float32 accumulator      [V, H]
+
+The gradients are computed in the forward (as Liger's kernel and the core's ``chunked`` do):
+three GEMMs in all, the minimum, instead of the four a recomputing backward needs; backward
+only scales them by the incoming gradient. The row kernel reads each logit row twice (running
+max and sum of exponentials per lane, then the gradient) and writes it once; the second read of
+a row mostly hits L2 (132 rows of 300 KB in flight on an H100 fit its 50 MB).
+
+Numerics: logits are a GEMM in the input dtype (the contract's ``z``), everything after it is
+float32 (log-sum-exp, the per-row loss, the softmax); ``g`` is rounded to the input dtype once,
+as eager autograd rounds the logits' gradient; ``dW`` sums the chunks in a float32 accumulator
+(cuBLAS ``addmm`` with ``out_dtype=float32`` on CUDA), so bf16 partial sums never lose bits;
+the loss is a fixed-order float32 sum of per-row losses. No atomics: the result is
+deterministic (bitwise the same from run to run on one device and shape).
+
+Labels outside ``[0, V)`` other than ``ignore_index``: ``ValueError`` where the values can be
+read without a host synchronisation (CPU, or ``VEOMNI_OPS_CHECK_VALUES=1``), otherwise a
+device-side assertion (``torch._assert_async``) stops the process; the row kernel never reads
+outside a row and such a row contributes nothing.
+
+Compile: the eager path is a plain ``autograd.Function``; under ``torch.compile`` the same
+launchers run inside the ``veomni_triton::flce_fwd`` custom op (with a fake), which Dynamo
+traces without a graph break.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from veomni_ops.kernels.checks import check_ndim, check_same_device, check_same_dtype
+from veomni_ops.kernels.cross_entropy import check_label_values
+
+from ._common import check_tensors, eager_path, launch, next_pow2
+
+_OP = "cross_entropy"
+
+#: Budget for one chunk's logits in the input dtype. 1 GiB: 3,532 tokens at V = 151,936 in
+#: bf16, rounded to 3,328; the H100 sweep in benchmarks/results (flce chunk sweep) picked it.
+CHUNK_LOGITS_BYTES = 1 << 30
+#: Chunks are multiples of this many tokens (GEMM tiles), and never smaller.
+CHUNK_QUANTUM = 256
+#: Elements of a logit row one program handles per step of its loop.
+ROW_BLOCK = 4096
+ROW_WARPS = 16
+
+
+def chunk_tokens(num_tokens: int, vocab_size: int, element_size: int, budget: int = CHUNK_LOGITS_BYTES) -> int:
+    """Tokens per chunk: as many as fit ``budget`` bytes of logits, a multiple of
+    :data:`CHUNK_QUANTUM` (at least one quantum), never more than ``num_tokens``."""
+    fit = budget // max(1, vocab_size * element_size)
+    chunk = max(CHUNK_QUANTUM, fit // CHUNK_QUANTUM * CHUNK_QUANTUM)
+    return max(1, min(chunk, num_tokens))
+
+
+@triton.jit
+def _lse_grad_kernel(
+    Z, stride_z, LABELS, LOSS, n_vocab, ignore_index,
+    WANT_GRAD: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """One logit row: per-row loss ``lse - z[label]`` into LOSS, and (WANT_GRAD) the row
+    overwritten with ``softmax(z) - onehot(label)`` (zero for an ignored or invalid label)."""
+    row = tl.program_id(0).to(tl.int64)
+    z_row = Z + row * stride_z
+    label = tl.load(LABELS + row)
+    valid = (label != ignore_index) & (label >= 0) & (label < n_vocab)
+    offs = tl.arange(0, BLOCK)
+    # per-lane running max and sum of exponentials (float32), combined once at the end
+    m = tl.full((BLOCK,), float("-inf"), tl.float32)
+    s = tl.zeros((BLOCK,), tl.float32)
+    for start in range(0, n_vocab, BLOCK):
+        cols = start + offs
+        z = tl.load(z_row + cols, mask=cols < n_vocab, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, z)
+        # a lane that has seen only padding keeps m = -inf; shift by 0 there (-inf - -inf is NaN)
+        shift = tl.where(m_new > float("-inf"), m_new, 0.0)
+        s = s * tl.exp(m - shift) + tl.exp(z - shift)
+        m = m_new
+    m_row = tl.max(m, 0)
+    s_row = tl.sum(s * tl.exp(m - m_row), 0)
+    lse = m_row + tl.log(s_row)
+    safe_label = tl.where(valid, label, 0)
+    z_label = tl.load(z_row + safe_label).to(tl.float32)
+    tl.store(LOSS + row, tl.where(valid, lse - z_label, 0.0))
+    if WANT_GRAD:
+        keep = valid.to(tl.float32)
+        for start in range(0, n_vocab, BLOCK):
+            cols = start + offs
+            inside = cols < n_vocab
+            z = tl.load(z_row + cols, mask=inside, other=0.0).to(tl.float32)
+            p = tl.exp(z - lse)
+            p = tl.where(cols == label, p - 1.0, p) * keep
+            tl.store(z_row + cols, p.to(Z.dtype.element_ty), mask=inside)
+
+
+def _row_pass(z: torch.Tensor, labels: torch.Tensor, loss_rows: torch.Tensor, ignore_index: int,
+              want_grad: bool, index: int) -> None:
+    rows, vocab = z.shape
+    if rows == 0:
+        return
+    block = min(ROW_BLOCK, next_pow2(vocab))
+    launch(index, _lse_grad_kernel, (rows,), z, z.stride(0), labels, loss_rows, vocab, ignore_index,
+           WANT_GRAD=want_grad, BLOCK=block, num_warps=ROW_WARPS if block == ROW_BLOCK else 4)
+
+
+def _logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.addmm(bias, h, weight.t()) if bias is not None else torch.mm(h, weight.t())
+
+
+def _accumulate_weight_grad(acc: torch.Tensor, g: torch.Tensor, h: torch.Tensor) -> None:
+    """``acc += g.T @ h`` with ``acc`` float32 and ``g, h`` in the input dtype.
+
+    On CUDA one cuBLAS call reads and writes ``acc`` (``out_dtype=float32``: bf16 operands,
+    float32 accumulate and output); elsewhere (CPU, the interpreter tests) the product is
+    formed in float32 first."""
+    if g.dtype == acc.dtype:
+        acc.addmm_(g.t(), h)
+    elif acc.is_cuda:
+        torch.addmm(acc, g.t(), h, out_dtype=acc.dtype, out=acc)
+    else:
+        acc.addmm_(g.t().to(acc.dtype), h.to(acc.dtype))
+
+
+def _forward(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
+    ignore_index: int, chunk: int, need_h: bool, need_w: bool, need_b: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """Loss sum (float32) and, where asked, the unscaled gradients: dH in the input dtype,
+    dW and db in float32."""
+    n = hidden.shape[0]
+    index = hidden.get_device()
+    want_grad = need_h or need_w or need_b
+    loss_rows = torch.empty(n, dtype=torch.float32, device=hidden.device)
+    grad_h = torch.empty_like(hidden) if need_h else None
+    grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+    grad_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if need_b else None
+    for start in range(0, n, chunk):
+        end = min(start + chunk, n)
+        h = hidden[start:end]
+        z = _logits(h, weight, bias)
+        _row_pass(z, labels[start:end], loss_rows[start:end], ignore_index, want_grad, index)
+        if need_h:
+            torch.mm(z, weight, out=grad_h[start:end])
+        if need_w:
+            _accumulate_weight_grad(grad_w, z, h)
+        if need_b:
+            grad_b.add_(z.sum(0, dtype=torch.float32))
+        del z
+    return loss_rows.sum(), grad_h, grad_w, grad_b
+
+
+def _scaled(grad: torch.Tensor | None, scale: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor | None:
+    """``grad * scale`` in ``dtype`` (one pass: no float32 temporary of a [V, H] gradient)."""
+    if grad is None or dtype is None:
+        return None
+    return torch.mul(grad, scale.to(grad.dtype), out=torch.empty(grad.shape, dtype=dtype, device=grad.device))
+
+
+class _FusedLinearCrossEntropy(torch.autograd.Function):
+    """The eager path: the launchers directly, gradients computed in forward."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, labels, ignore_index, chunk):
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        loss, gh, gw, gb = _forward(hidden, weight, bias, labels, ignore_index, chunk, need_h, need_w, need_b)
+        ctx.save_for_backward(gh, gw, gb)
+        ctx.dtypes = (hidden.dtype, weight.dtype, None if bias is None else bias.dtype)
+        return loss
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_loss):
+        gh, gw, gb = ctx.saved_tensors
+        h_dtype, w_dtype, b_dtype = ctx.dtypes
+        return (_scaled(gh, grad_loss, h_dtype), _scaled(gw, grad_loss, w_dtype), _scaled(gb, grad_loss, b_dtype),
+                None, None, None)
+
+
+# ---------------------------------------------------------------- custom op (torch.compile)
+# A custom op cannot return None: gradients that are not needed come back as empty tensors.
+def _or_empty(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    return t if t is not None else like.new_empty(0, dtype=torch.float32)
+
+
+@torch.library.custom_op("veomni_triton::flce_fwd", mutates_args=())
+def _flce_fwd(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
+    ignore_index: int, chunk: int, need_h: bool, need_w: bool, need_b: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    loss, gh, gw, gb = _forward(hidden, weight, bias, labels, ignore_index, chunk, need_h, need_w, need_b)
+    return loss, _or_empty(gh, hidden), _or_empty(gw, hidden), _or_empty(gb, hidden)
+
+
+@_flce_fwd.register_fake
+def _(hidden, weight, bias, labels, ignore_index, chunk, need_h, need_w, need_b):
+    f32 = torch.float32
+    return (
+        hidden.new_empty((), dtype=f32),
+        hidden.new_empty(hidden.shape) if need_h else hidden.new_empty(0, dtype=f32),
+        hidden.new_empty(weight.shape, dtype=f32) if need_w else hidden.new_empty(0, dtype=f32),
+        hidden.new_empty(weight.shape[0], dtype=f32) if need_b else hidden.new_empty(0, dtype=f32),
+    )
+
+
+def _setup_context(ctx, inputs, output):
+    hidden, weight, bias = inputs[:3]
+    need_h, need_w, need_b = inputs[6:9]
+    _, gh, gw, gb = output
+    ctx.save_for_backward(gh, gw, gb)
+    ctx.dtypes = (hidden.dtype if need_h else None, weight.dtype if need_w else None,
+                  bias.dtype if need_b and bias is not None else None)
+
+
+def _backward(ctx, grad_loss, *_unused):
+    gh, gw, gb = ctx.saved_tensors
+    h_dtype, w_dtype, b_dtype = ctx.dtypes
+    return (_scaled(gh, grad_loss, h_dtype), _scaled(gw, grad_loss, w_dtype), _scaled(gb, grad_loss, b_dtype),
+            None, None, None, None, None, None)
+
+
+_flce_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+# ---------------------------------------------------------------- public kernel
+def _check(hidden, weight, labels, bias, ignore_index) -> None:
+    tensors = (hidden, weight) if bias is None else (hidden, weight, bias)
+    names = ("hidden", "weight") if bias is None else ("hidden", "weight", "bias")
+    check_tensors(_OP, names, tensors)
+    check_ndim(hidden, 2, "hidden", _OP, "[N, H] (flatten leading dimensions with .view(-1, H))", backend="triton")
+    check_ndim(weight, 2, "weight", _OP, "[V, H] (the lm_head weight)", backend="triton")
+    if weight.shape[1] != hidden.shape[1]:
+        raise ValueError(
+            f"{_OP} (triton): weight {tuple(weight.shape)} must be [V, H] with H = hidden.shape[1] = {hidden.shape[1]}"
+        )
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != weight.shape[0]):
+        raise ValueError(f"{_OP} (triton): bias must have shape [V] = [{weight.shape[0]}], got {tuple(bias.shape)}")
+    check_same_dtype(_OP, hidden=hidden, weight=weight, bias=bias, backend="triton")
+    if not isinstance(labels, torch.Tensor) or labels.dtype not in (torch.int64, torch.int32):
+        got = labels.dtype if isinstance(labels, torch.Tensor) else type(labels).__name__
+        raise TypeError(f"{_OP} (triton): labels must be an int64 or int32 tensor, got {got}")
+    check_ndim(labels, 1, "labels", _OP, "[N] (flatten it and shift it first)", backend="triton")
+    if labels.shape[0] != hidden.shape[0]:
+        raise ValueError(
+            f"{_OP} (triton): labels has {labels.shape[0]} entries but there are {hidden.shape[0]} tokens; "
+            "they must match"
+        )
+    if not isinstance(ignore_index, int) or isinstance(ignore_index, bool):
+        raise TypeError(f"{_OP} (triton): ignore_index must be a Python int, got {ignore_index!r}")
+    check_same_device(_OP, hidden=hidden, labels=labels, backend="triton")
+
+
+def _assert_labels_on_device(labels: torch.Tensor, vocab: int, ignore_index: int) -> None:
+    """On CUDA without the value-check switch: a device-side assertion, no host sync."""
+    if labels.is_cuda and not torch.compiler.is_compiling():
+        ok = ((labels >= 0) & (labels < vocab)) | (labels == ignore_index)
+        torch._assert_async(ok.all(), f"{_OP} (triton): a label is outside [0, {vocab}) and not ignore_index")
+
+
+def fused_linear_cross_entropy_sum(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    ignore_index: int = -100,
+    chunk_size: int | None = None,
+) -> torch.Tensor:
+    """``sum_i CE(hidden_i @ weight.T (+ bias), labels_i)`` over ``labels_i != ignore_index``.
+
+    float32 result; gradients for ``hidden``, ``weight`` and ``bias`` in their dtypes.
+    ``chunk_size`` (tokens per chunk) defaults to :func:`chunk_tokens`.
+    """
+    _check(hidden, weight, labels, bias, ignore_index)
+    labels = labels.contiguous()
+    n, vocab = hidden.shape[0], weight.shape[0]
+    if chunk_size is None:
+        chunk_size = chunk_tokens(n, vocab, hidden.element_size())
+    elif not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
+        raise ValueError(f"{_OP} (triton): chunk_size must be a positive int, got {chunk_size!r}")
+    check_label_values(labels, vocab, ignore_index, backend="triton")
+    _assert_labels_on_device(labels, vocab, ignore_index)
+    if n == 0:
+        # no tokens: an empty sum, still connected to the graph so backward gives zeros
+        return (hidden.sum() * 0 + weight.sum() * 0).float()
+    grad = torch.is_grad_enabled()
+    need_h, need_w = grad and hidden.requires_grad, grad and weight.requires_grad
+    need_b = grad and bias is not None and bias.requires_grad
+    if eager_path(hidden, weight, labels, *(() if bias is None else (bias,))):
+        if need_h or need_w or need_b:
+            return _FusedLinearCrossEntropy.apply(hidden, weight, bias, labels, ignore_index, chunk_size)
+        return _forward(hidden, weight, bias, labels, ignore_index, chunk_size, False, False, False)[0]
+    return _flce_fwd(hidden, weight, bias, labels, ignore_index, chunk_size, need_h, need_w, need_b)[0]

@@ -1,0 +1,191 @@
+"""Fused linear cross-entropy (Triton) vs a float64 reference, forward and backward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from _helpers import DTYPES, assert_close, graph_capturing_backend
+from veomni_triton.kernels import cross_entropy as K
+from veomni_triton.kernels.cross_entropy import fused_linear_cross_entropy_sum
+
+OP = "cross_entropy"
+
+
+def make(n, h, v, device, dtype, *, bias=False, frac_ignored=0.25, ignore_index=-100, logit_scale=2.0):
+    hidden = torch.randn(n, h, device=device).to(dtype).requires_grad_()
+    weight = (torch.randn(v, h, device=device) * logit_scale / h**0.5).to(dtype).requires_grad_()
+    b = (0.5 * torch.randn(v, device=device)).to(dtype).requires_grad_() if bias else None
+    labels = torch.randint(0, v, (n,), device=device)
+    labels[torch.rand(n, device=device) < frac_ignored] = ignore_index
+    return hidden, weight, b, labels
+
+
+def reference(hidden, weight, bias, labels, ignore_index=-100):
+    """float64: logits, log-softmax, sum over counted tokens; grads w.r.t. the float64 leaves."""
+    leaves = [t.detach().double().requires_grad_() for t in (hidden, weight)]
+    b64 = bias.detach().double().requires_grad_() if bias is not None else None
+    logits = F.linear(leaves[0], leaves[1], b64)
+    loss = F.cross_entropy(logits, labels, ignore_index=ignore_index, reduction="sum")
+    return loss, leaves[0], leaves[1], b64
+
+
+def check(hidden, weight, bias, labels, *, ignore_index=-100, chunk_size=None, grad_scale=0.37, what=""):
+    loss = fused_linear_cross_entropy_sum(hidden, weight, labels, bias=bias, ignore_index=ignore_index,
+                                          chunk_size=chunk_size)
+    assert loss.dtype == torch.float32 and loss.dim() == 0
+    loss.backward(torch.tensor(grad_scale, device=loss.device))
+    ref, h64, w64, b64 = reference(hidden, weight, bias, labels, ignore_index)
+    ref.backward(torch.tensor(grad_scale, dtype=torch.float64, device=ref.device))
+    n = max(1, int((labels != ignore_index).sum()))
+    # the loss is a float32 sum over n tokens: compare it per token, at the inputs' tolerance
+    assert_close((loss / n).to(hidden.dtype), ref / n, OP, f"{what} loss/token")
+    assert_close(hidden.grad, h64.grad, OP, f"{what} d hidden")
+    # dW sums one term per token: its absolute error scales with sqrt(tokens)
+    assert_close(weight.grad, w64.grad, OP, f"{what} d weight", scale=max(1.0, n**0.5 / 4))
+    if bias is not None:
+        assert_close(bias.grad, b64.grad, OP, f"{what} d bias", scale=max(1.0, n**0.5 / 4))
+    return loss
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+def test_matches_float64_reference_over_several_chunks(device, dtype, bias):
+    # 70 tokens in chunks of 32 (the last one partial); V = 53 is no multiple of any tile
+    hidden, weight, b, labels = make(70, 24, 53, device, dtype, bias=bias)
+    check(hidden, weight, b, labels, chunk_size=32, what=f"{dtype} bias={bias}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_vocabulary_wider_than_one_row_block(device, dtype):
+    # V > ROW_BLOCK: the row loop takes several steps, the last one partial
+    v = K.ROW_BLOCK + 905
+    hidden, weight, b, labels = make(6, 16, v, device, dtype)
+    check(hidden, weight, b, labels, what="wide vocabulary")
+
+
+def test_default_chunking_single_and_many(device):
+    assert K.chunk_tokens(100, 151936, 2) == 100
+    assert K.chunk_tokens(32768, 151936, 2) == 3328
+    assert K.chunk_tokens(32768, 151936, 2) % K.CHUNK_QUANTUM == 0
+    assert K.chunk_tokens(10**6, 10**9, 2) == K.CHUNK_QUANTUM  # huge rows: one quantum, never 0
+    hidden, weight, b, labels = make(40, 16, 30, device, torch.float32)
+    check(hidden, weight, b, labels, what="default chunk")
+
+
+def test_every_label_ignored_gives_zero_loss_and_zero_grads(device):
+    hidden, weight, b, labels = make(9, 16, 20, device, torch.float32, bias=True, frac_ignored=1.0)
+    loss = fused_linear_cross_entropy_sum(hidden, weight, labels, bias=b, chunk_size=4)
+    loss.backward()
+    assert loss.item() == 0.0
+    for t in (hidden, weight, b):
+        assert torch.count_nonzero(t.grad) == 0
+
+
+def test_ignore_index_that_is_a_class_id(device):
+    hidden, weight, b, labels = make(33, 16, 24, device, torch.float32, ignore_index=0, frac_ignored=0.3)
+    check(hidden, weight, b, labels, ignore_index=0, chunk_size=8, what="ignore_index=0")
+
+
+def test_large_logits_are_stable(device):
+    # |logits| ~ 1e4 (float32): log-sum-exp must subtract the row max, exp() must not overflow
+    hidden, weight, b, labels = make(12, 16, 40, device, torch.float32, frac_ignored=0.0, logit_scale=1e4)
+    loss = check(hidden, weight, b, labels, chunk_size=5, what="|logits| ~ 1e4")
+    assert torch.isfinite(loss)
+    assert torch.isfinite(hidden.grad).all() and torch.isfinite(weight.grad).all()
+
+
+def test_strided_hidden_rows(device):
+    strided = torch.randn(21, 40, device=device)[:, 8:32]  # rows with a stride of 40
+    strided.requires_grad_()
+    _, weight, b, labels = make(21, 24, 30, device, torch.float32)
+    check(strided, weight, b, labels, chunk_size=8, what="strided hidden")
+
+
+def test_only_weight_needs_grad_and_no_grad_path(device):
+    hidden, weight, _, labels = make(25, 16, 30, device, torch.float32)
+    hidden = hidden.detach()
+    loss = fused_linear_cross_entropy_sum(hidden, weight, labels, chunk_size=8)
+    loss.backward()
+    assert hidden.grad is None
+    ref, _, w64, _ = reference(hidden, weight, None, labels)
+    ref.backward()
+    assert_close(weight.grad, w64.grad, OP, "dW alone", scale=2.0)
+    with torch.no_grad():
+        again = fused_linear_cross_entropy_sum(hidden, weight, labels, chunk_size=8)
+    assert again.item() == loss.item()
+
+
+def test_no_tokens(device):
+    hidden = torch.randn(0, 16, device=device, requires_grad=True)
+    weight = torch.randn(30, 16, device=device, requires_grad=True)
+    loss = fused_linear_cross_entropy_sum(hidden, weight, torch.zeros(0, dtype=torch.long, device=device))
+    loss.backward()
+    assert loss.item() == 0.0 and torch.count_nonzero(weight.grad) == 0
+
+
+def test_deterministic(device):
+    hidden, weight, b, labels = make(50, 16, 30, device, torch.bfloat16, bias=True)
+    grads = []
+    for _ in range(2):
+        for t in (hidden, weight, b):
+            t.grad = None
+        loss = fused_linear_cross_entropy_sum(hidden, weight, labels, bias=b, chunk_size=16)
+        loss.backward()
+        grads.append((loss.detach().clone(), hidden.grad.clone(), weight.grad.clone(), b.grad.clone()))
+    for a, c in zip(*grads):
+        assert torch.equal(a, c)
+
+
+def test_compile_fullgraph_no_break_same_bits(device):
+    graphs: list = []
+    hidden, weight, _, labels = make(20, 16, 30, device, torch.float32)
+
+    def f(h, w):
+        return fused_linear_cross_entropy_sum(h, w, labels, chunk_size=8) * 0.5
+
+    compiled = torch.compile(f, fullgraph=True, backend=graph_capturing_backend(graphs))
+    loss = compiled(hidden, weight)
+    loss.backward()
+    assert len(graphs) == 1 and "veomni_triton.flce_fwd" in graphs[0].code
+    h2, w2 = hidden.detach().clone().requires_grad_(), weight.detach().clone().requires_grad_()
+    loss2 = f(h2, w2)
+    loss2.backward()
+    torch.testing.assert_close(loss, loss2, rtol=0, atol=0)
+    torch.testing.assert_close(hidden.grad, h2.grad, rtol=0, atol=0)
+    torch.testing.assert_close(weight.grad, w2.grad, rtol=0, atol=0)
+
+
+def test_custom_op_matches_eager_path(device):
+    hidden, weight, b, labels = make(20, 16, 30, device, torch.float32, bias=True)
+    loss = fused_linear_cross_entropy_sum(hidden, weight, labels, bias=b, chunk_size=8)
+    loss.backward()
+    out = torch.ops.veomni_triton.flce_fwd(hidden.detach(), weight.detach(), b.detach(), labels, -100, 8,
+                                           True, True, True)
+    torch.testing.assert_close(out[0], loss.detach(), rtol=0, atol=0)
+    torch.testing.assert_close(out[1], hidden.grad, rtol=0, atol=0)
+    torch.testing.assert_close(out[2], weight.grad, rtol=0, atol=0)
+    torch.testing.assert_close(out[3], b.grad, rtol=0, atol=0)
+
+
+def test_errors_are_clear(device):
+    hidden, weight, _, labels = make(8, 16, 30, device, torch.float32)
+    f = fused_linear_cross_entropy_sum
+    with pytest.raises(ValueError, match=r"H = hidden.shape\[1\] = 16"):
+        f(hidden, weight[:, :15], labels)
+    with pytest.raises(ValueError, match=r"bias must have shape \[V\] = \[30\]"):
+        f(hidden, weight, labels, bias=torch.zeros(29, device=device))
+    with pytest.raises(ValueError, match="labels has 7 entries but there are 8 tokens"):
+        f(hidden, weight, labels[:7])
+    with pytest.raises(TypeError, match="labels must be an int64 or int32 tensor"):
+        f(hidden, weight, labels.float())
+    with pytest.raises(TypeError, match="ignore_index must be a Python int"):
+        f(hidden, weight, labels, ignore_index=-100.0)
+    with pytest.raises(ValueError, match="chunk_size must be a positive int"):
+        f(hidden, weight, labels, chunk_size=0)
+    with pytest.raises((TypeError, ValueError), match="hidden"):
+        f(hidden.view(2, 4, 16), weight, labels)
+    bad = labels.clone()
+    bad[3] = 30
+    with pytest.raises(ValueError, match="30"):
+        f(hidden, weight, bad)
