@@ -166,22 +166,47 @@ def _chunk_step(
     y: torch.Tensor,
     ignore_index: int,
     want_grad: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Loss sum of one chunk and, if asked, d(loss)/d(logits) of it in the compute dtype."""
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """One chunk: its loss sum, and, if asked, ``softmax(z) - onehot(y)`` in the input dtype.
+
+    Rows of ignored tokens are *not* zeroed in the gradient (that would be one more pass over
+    ``[c, V]``): the caller masks the ``[c, H]`` sides of the two gradient GEMMs instead. The
+    third value is the float mask of counted tokens.
+    """
     compute = _compute_dtype(h.dtype)
-    z = F.linear(h, weight, bias).to(compute)  # logits in the input dtype, then upcast
-    lse = torch.logsumexp(z, dim=-1)
+    z = F.linear(h, weight, bias)  # logits in the input dtype
+    logp = torch.log_softmax(z, dim=-1, dtype=compute)  # one kernel: upcast and log-softmax
     valid = y != ignore_index
     target = torch.where(valid, y, torch.zeros_like(y)).unsqueeze(1)
-    picked = z.gather(1, target).squeeze(1)
-    loss = torch.where(valid, lse - picked, torch.zeros_like(lse)).sum()
+    logp_t = logp.gather(1, target).squeeze(1)
+    loss = torch.where(valid, -logp_t, torch.zeros_like(logp_t)).sum()
+    keep = valid.to(h.dtype).unsqueeze(1)
     if not want_grad:
-        return loss, None
-    # softmax - one_hot(target), rows of ignored tokens zeroed; in place to hold one [c, V] buffer.
-    g = z.sub_(lse.unsqueeze(1)).exp_()
-    g.scatter_add_(1, target, -valid.to(compute).unsqueeze(1))
-    g.mul_(valid.unsqueeze(1))
-    return loss, g
+        return loss, None, keep
+    # softmax, rounded to the input dtype once, into z's buffer; then the target column, formed in
+    # the compute dtype (p_t - 1) and rounded once, exactly as eager autograd rounds it
+    g = torch.exp(logp, out=z)
+    del logp
+    g.scatter_(1, target, (logp_t.exp() - 1).to(g.dtype).unsqueeze(1))
+    return loss, g, keep
+
+
+def add_weight_grad_(acc: torch.Tensor, g: torch.Tensor, h: torch.Tensor) -> None:
+    """``acc += g.T @ h`` for a float32 (or float64) ``acc`` and ``g, h`` in the input dtype.
+
+    On CUDA, one cuBLAS call with ``out_dtype`` (bf16/fp16 operands, float32 accumulation and
+    output, ``acc`` read and written in place); elsewhere the product is formed in vocabulary
+    slices of at most :data:`WEIGHT_GRAD_SLICE_BYTES` and added, so no second ``[V, H]`` buffer
+    exists. Shared with veomni-triton's fused linear cross-entropy.
+    """
+    if g.dtype == acc.dtype:
+        acc.addmm_(g.t(), h)
+    elif acc.is_cuda:
+        torch.addmm(acc, g.t(), h, out_dtype=acc.dtype, out=acc)
+    else:
+        v_slice = max(1, WEIGHT_GRAD_SLICE_BYTES // max(1, h.shape[1] * h.element_size()))
+        for v0 in range(0, acc.shape[0], v_slice):
+            acc[v0 : v0 + v_slice].add_(g[:, v0 : v0 + v_slice].t() @ h)
 
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
@@ -195,22 +220,19 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         grad_weight = torch.zeros(weight.shape, dtype=compute, device=weight.device) if need_w else None
         grad_bias = torch.zeros(weight.shape[0], dtype=compute, device=weight.device) if need_b else None
         loss = torch.zeros((), dtype=compute, device=hidden.device)
-        vocab, width = weight.shape
-        v_slice = max(1, WEIGHT_GRAD_SLICE_BYTES // max(1, width * hidden.element_size()))
         for start in range(0, n, chunk_size):
             end = min(start + chunk_size, n)
             h = hidden[start:end]
-            chunk_loss, g = _chunk_step(h, weight, bias, labels[start:end], ignore_index, True)
+            chunk_loss, g, keep = _chunk_step(h, weight, bias, labels[start:end], ignore_index, True)
             loss = loss + chunk_loss
-            g_in = g.to(hidden.dtype)
+            # ignored tokens: their rows of g are not zero, so mask the [c, H] / [c] sides
             if need_h:
-                grad_hidden[start:end] = g_in @ weight
+                torch.mm(g, weight, out=grad_hidden[start:end]).mul_(keep)
             if need_w:
-                for v0 in range(0, vocab, v_slice):
-                    grad_weight[v0 : v0 + v_slice].add_(g_in[:, v0 : v0 + v_slice].t() @ h)
+                add_weight_grad_(grad_weight, g, h * keep)
             if need_b:
-                grad_bias.add_(g.sum(0))
-            del g, g_in
+                grad_bias.add_((keep.t() @ g).squeeze(0).to(compute))
+            del g
         ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
         ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
         return loss
@@ -265,7 +287,7 @@ def chunked_fused_linear_cross_entropy_sum(
         loss = torch.zeros((), dtype=_compute_dtype(hidden.dtype), device=hidden.device)
         for start in range(0, n, chunk_size):
             end = min(start + chunk_size, n)
-            chunk_loss, _ = _chunk_step(hidden[start:end], weight, bias, labels[start:end], ignore_index, False)
+            chunk_loss, _, _ = _chunk_step(hidden[start:end], weight, bias, labels[start:end], ignore_index, False)
             loss = loss + chunk_loss
         return loss
     return _ChunkedLinearCrossEntropy.apply(hidden, weight, bias, labels, ignore_index, chunk_size)

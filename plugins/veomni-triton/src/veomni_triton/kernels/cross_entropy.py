@@ -22,7 +22,7 @@ a row mostly hits L2 (132 rows of 300 KB in flight on an H100 fit its 50 MB).
 Numerics: logits are a GEMM in the input dtype (the contract's ``z``), everything after it is
 float32 (log-sum-exp, the per-row loss, the softmax); ``g`` is rounded to the input dtype once,
 as eager autograd rounds the logits' gradient; ``dW`` sums the chunks in a float32 accumulator
-(cuBLAS ``addmm`` with ``out_dtype=float32`` on CUDA), so bf16 partial sums never lose bits;
+(the core's ``add_weight_grad_``: cuBLAS ``addmm`` with ``out_dtype=float32`` on CUDA), so bf16 partial sums never lose bits;
 the loss is a fixed-order float32 sum of per-row losses. No atomics: the result is
 deterministic (bitwise the same from run to run on one device and shape).
 
@@ -42,7 +42,7 @@ import torch
 import triton
 import triton.language as tl
 from veomni_ops.kernels.checks import check_ndim, check_same_device, check_same_dtype
-from veomni_ops.kernels.cross_entropy import check_label_values
+from veomni_ops.kernels.cross_entropy import add_weight_grad_, check_label_values
 
 from ._common import check_tensors, eager_path, launch, next_pow2
 
@@ -120,20 +120,6 @@ def _logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
     return torch.addmm(bias, h, weight.t()) if bias is not None else torch.mm(h, weight.t())
 
 
-def _accumulate_weight_grad(acc: torch.Tensor, g: torch.Tensor, h: torch.Tensor) -> None:
-    """``acc += g.T @ h`` with ``acc`` float32 and ``g, h`` in the input dtype.
-
-    On CUDA one cuBLAS call reads and writes ``acc`` (``out_dtype=float32``: bf16 operands,
-    float32 accumulate and output); elsewhere (CPU, the interpreter tests) the product is
-    formed in float32 first."""
-    if g.dtype == acc.dtype:
-        acc.addmm_(g.t(), h)
-    elif acc.is_cuda:
-        torch.addmm(acc, g.t(), h, out_dtype=acc.dtype, out=acc)
-    else:
-        acc.addmm_(g.t().to(acc.dtype), h.to(acc.dtype))
-
-
 def _forward(
     hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
     ignore_index: int, chunk: int, need_h: bool, need_w: bool, need_b: bool,
@@ -155,7 +141,7 @@ def _forward(
         if need_h:
             torch.mm(z, weight, out=grad_h[start:end])
         if need_w:
-            _accumulate_weight_grad(grad_w, z, h)
+            add_weight_grad_(grad_w, z, h)
         if need_b:
             grad_b.add_(z.sum(0, dtype=torch.float32))
         del z
