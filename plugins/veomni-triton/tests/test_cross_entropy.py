@@ -66,9 +66,15 @@ def test_vocabulary_wider_than_one_row_block(device, dtype):
 
 def test_default_chunking_single_and_many(device):
     assert K.chunk_tokens(100, 151936, 2) == 100
-    assert K.chunk_tokens(32768, 151936, 2) == 3328
-    assert K.chunk_tokens(32768, 151936, 2) % K.CHUNK_QUANTUM == 0
+    assert K.chunk_tokens(8192, 151936, 2) == 8192  # one chunk: no float32 dW accumulator
+    assert K.chunk_tokens(32768, 151936, 2) == 8192  # four equal chunks
+    assert K.chunk_tokens(9000, 151936, 2) == 4608  # two near-equal chunks, not 8832 + 168
+    assert K.chunk_tokens(9000, 151936, 4) == 3072  # float32 logits: three chunks of 3,000 rounded up
     assert K.chunk_tokens(10**6, 10**9, 2) == K.CHUNK_QUANTUM  # huge rows: one quantum, never 0
+    for n, v, e in [(1, 32000, 2), (12345, 50257, 2), (70000, 151936, 4), (8193, 151936, 2)]:
+        c = K.chunk_tokens(n, v, e)
+        assert 1 <= c <= n and (c == n or c % K.CHUNK_QUANTUM == 0)
+        assert c * v * e <= max(K.CHUNK_LOGITS_BYTES, K.CHUNK_QUANTUM * v * e)
     hidden, weight, b, labels = make(40, 16, 30, device, torch.float32)
     check(hidden, weight, b, labels, what="default chunk")
 
@@ -156,11 +162,12 @@ def test_compile_fullgraph_no_break_same_bits(device):
     torch.testing.assert_close(weight.grad, w2.grad, rtol=0, atol=0)
 
 
-def test_custom_op_matches_eager_path(device):
+@pytest.mark.parametrize("chunk", [8, 64], ids=["chunks", "one-chunk"])
+def test_custom_op_matches_eager_path(device, chunk):
     hidden, weight, b, labels = make(20, 16, 30, device, torch.float32, bias=True)
-    loss = fused_linear_cross_entropy_sum(hidden, weight, labels, bias=b, chunk_size=8)
+    loss = fused_linear_cross_entropy_sum(hidden, weight, labels, bias=b, chunk_size=chunk)
     loss.backward()
-    out = torch.ops.veomni_triton.flce_fwd(hidden.detach(), weight.detach(), b.detach(), labels, -100, 8,
+    out = torch.ops.veomni_triton.flce_fwd(hidden.detach(), weight.detach(), b.detach(), labels, -100, chunk,
                                            True, True, True)
     torch.testing.assert_close(out[0], loss.detach(), rtol=0, atol=0)
     torch.testing.assert_close(out[1], hidden.grad, rtol=0, atol=0)

@@ -48,9 +48,12 @@ from ._common import check_tensors, eager_path, launch, next_pow2
 
 _OP = "cross_entropy"
 
-#: Budget for one chunk's logits in the input dtype. 1 GiB: 3,532 tokens at V = 151,936 in
-#: bf16, rounded to 3,328; the H100 sweep in benchmarks/results (flce chunk sweep) picked it.
-CHUNK_LOGITS_BYTES = 1 << 30
+#: Budget for one chunk's logits in the input dtype: 2.5 GiB holds 8,832 tokens of a 151,936
+#: vocabulary in bf16, so 8k tokens are one chunk (dW then needs no float32 accumulator) and
+#: 16k / 32k tokens two / four chunks of 8,192. The H100 sweep (hidden 2560, bf16, fwd+bwd;
+#: benchmarks/results/h100-2026-11-25-flce/) measured 8,192-token chunks fastest: 121.7 ms at
+#: 32k tokens against 124.4 (4,096) and 131.0 (2,048), at +3.0 GiB against +1.9 / +1.4.
+CHUNK_LOGITS_BYTES = 5 << 29
 #: Chunks are multiples of this many tokens (GEMM tiles), and never smaller.
 CHUNK_QUANTUM = 256
 #: Elements of a logit row one program handles per step of its loop.
@@ -59,11 +62,14 @@ ROW_WARPS = 16
 
 
 def chunk_tokens(num_tokens: int, vocab_size: int, element_size: int, budget: int = CHUNK_LOGITS_BYTES) -> int:
-    """Tokens per chunk: as many as fit ``budget`` bytes of logits, a multiple of
-    :data:`CHUNK_QUANTUM` (at least one quantum), never more than ``num_tokens``."""
-    fit = budget // max(1, vocab_size * element_size)
-    chunk = max(CHUNK_QUANTUM, fit // CHUNK_QUANTUM * CHUNK_QUANTUM)
-    return max(1, min(chunk, num_tokens))
+    """Tokens per chunk: the fewest chunks whose logits fit ``budget`` bytes each, of equal size
+    rounded up to a multiple of :data:`CHUNK_QUANTUM` (so no small tail chunk), at least one
+    quantum, never more than ``num_tokens``."""
+    fit = max(CHUNK_QUANTUM, budget // max(1, vocab_size * element_size) // CHUNK_QUANTUM * CHUNK_QUANTUM)
+    chunks = -(-num_tokens // fit)
+    even = -(-num_tokens // max(1, chunks))
+    chunk = -(-even // CHUNK_QUANTUM) * CHUNK_QUANTUM
+    return max(1, min(chunk, fit, num_tokens))
 
 
 @triton.jit
@@ -125,33 +131,56 @@ def _forward(
     ignore_index: int, chunk: int, need_h: bool, need_w: bool, need_b: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """Loss sum (float32) and, where asked, the unscaled gradients: dH in the input dtype,
-    dW and db in float32."""
+    dW in float32 (in the weight's dtype when the tokens fit one chunk), db in float32."""
     n = hidden.shape[0]
     index = hidden.get_device()
     want_grad = need_h or need_w or need_b
     loss_rows = torch.empty(n, dtype=torch.float32, device=hidden.device)
     grad_h = torch.empty_like(hidden) if need_h else None
-    grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+    # One chunk: dW is one GEMM, written in the weight's dtype (float32 accumulation inside
+    # cuBLAS, one rounding, as eager): no float32 [V, H] buffer and no read-modify-write.
+    single = n <= chunk
+    grad_w = (None if single else torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)) if need_w \
+        else None
     grad_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if need_b else None
-    for start in range(0, n, chunk):
-        end = min(start + chunk, n)
-        h = hidden[start:end]
-        z = _logits(h, weight, bias)
+
+    def logits_and_rows(start: int, end: int) -> torch.Tensor:
+        z = _logits(hidden[start:end], weight, bias)
         _row_pass(z, labels[start:end], loss_rows[start:end], ignore_index, want_grad, index)
+        return z
+
+    def gradients(z: torch.Tensor, start: int, end: int) -> None:
+        nonlocal grad_w
+        h = hidden[start:end]
         if need_h:
             torch.mm(z, weight, out=grad_h[start:end])
         if need_w:
-            add_weight_grad_(grad_w, z, h)
+            if single:
+                grad_w = torch.mm(z.t(), h)
+            else:
+                add_weight_grad_(grad_w, z, h)
         if need_b:
             grad_b.add_(z.sum(0, dtype=torch.float32))
+
+    # (Running chunk i+1's logits and row pass on a second stream beside chunk i's gradient
+    # GEMMs was measured on the H100 and gained nothing: the GEMMs keep every SM busy.)
+    for start in range(0, n, chunk):
+        end = min(start + chunk, n)
+        z = logits_and_rows(start, end)
+        if want_grad:
+            gradients(z, start, end)
         del z
     return loss_rows.sum(), grad_h, grad_w, grad_b
 
 
-def _scaled(grad: torch.Tensor | None, scale: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor | None:
-    """``grad * scale`` in ``dtype`` (one pass: no float32 temporary of a [V, H] gradient)."""
+def _scaled(grad: torch.Tensor | None, scale: torch.Tensor, dtype: torch.dtype | None,
+            in_place: bool = False) -> torch.Tensor | None:
+    """``grad * scale`` in ``dtype``: in place where ``grad`` already has that dtype and is ours
+    to overwrite (the eager path), else one pass into a new tensor (no float32 temporary)."""
     if grad is None or dtype is None:
         return None
+    if in_place and grad.dtype == dtype:
+        return grad.mul_(scale.to(dtype))
     return torch.mul(grad, scale.to(grad.dtype), out=torch.empty(grad.shape, dtype=dtype, device=grad.device))
 
 
@@ -171,8 +200,9 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_loss):
         gh, gw, gb = ctx.saved_tensors
         h_dtype, w_dtype, b_dtype = ctx.dtypes
-        return (_scaled(gh, grad_loss, h_dtype), _scaled(gw, grad_loss, w_dtype), _scaled(gb, grad_loss, b_dtype),
-                None, None, None)
+        # the saved gradients are this call's alone (once_differentiable): scale them in place
+        return (_scaled(gh, grad_loss, h_dtype, True), _scaled(gw, grad_loss, w_dtype, True),
+                _scaled(gb, grad_loss, b_dtype, True), None, None, None)
 
 
 # ---------------------------------------------------------------- custom op (torch.compile)
@@ -196,7 +226,8 @@ def _(hidden, weight, bias, labels, ignore_index, chunk, need_h, need_w, need_b)
     return (
         hidden.new_empty((), dtype=f32),
         hidden.new_empty(hidden.shape) if need_h else hidden.new_empty(0, dtype=f32),
-        hidden.new_empty(weight.shape, dtype=f32) if need_w else hidden.new_empty(0, dtype=f32),
+        hidden.new_empty(weight.shape, dtype=weight.dtype if hidden.shape[0] <= chunk else f32) if need_w
+        else hidden.new_empty(0, dtype=f32),
         hidden.new_empty(weight.shape[0], dtype=f32) if need_b else hidden.new_empty(0, dtype=f32),
     )
 
