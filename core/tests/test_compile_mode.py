@@ -112,3 +112,27 @@ def test_compile_mode_auto_takes_the_measured_choice_on_cuda_only():
     named = veomni_ops.resolve({"rms_norm_implementation": "fastnorm"}, "cuda:9.0", needs=needs, registry=reg,
                                compile=True, load=False)
     assert named.get("rms_norm", "standard").kernel == "fastnorm"
+
+
+def test_compile_mode_cross_entropy_prefers_the_measured_fused_kernel_then_the_logits_loss():
+    """The cross-entropy preferences are ordered: veomni-triton's fused linear loss where it is
+    registered and usable, else the compiled logits loss (the test above, without it)."""
+    mod = types.ModuleType("flce_pref_specs")
+
+    @hookimpl
+    def cross_entropy():
+        return [KernelSpec(name="triton", op="cross_entropy", variant="fused_linear", supports_compile=True,
+                           priority=30, factory="veomni_ops.kernels.cross_entropy:chunked_fused_linear_cross_entropy_sum",
+                           hardware=veomni_ops.HardwareRequirement(("cuda",), min_capability=(8, 0)))]
+
+    mod.cross_entropy = cross_entropy
+    reg = build_registry(modules=[("eager", reference), ("flce", mod)], include_entry_points=False, env={})
+    needs = {"cross_entropy": [("fused_linear", "logits")]}
+    plan = veomni_ops.resolve({}, "cuda:9.0", needs=needs, registry=reg, compile=True, load=False)
+    ce = plan.get("cross_entropy", "fused_linear")
+    assert ce is not None and ce.kernel == "triton" and plan.get("cross_entropy", "logits") is None
+    assert "compile mode" in ce.reason and "h100-2026-11-25-flce" in ce.reason
+    # below its capability range the next preference applies: the compiled logits loss
+    old = veomni_ops.resolve({}, "cuda:7.0", needs=needs, registry=reg, compile=True, load=False)
+    assert old.get("cross_entropy", "logits").kernel == "eager"
+    assert "compile-ablation" in old.get("cross_entropy", "logits").reason

@@ -576,20 +576,19 @@ def _tie_rule(a: RegisteredKernel, b: RegisteredKernel) -> str:
 
 def _compile_preference(reg, op, alts, c: _Ctx) -> PlanEntry | None:
     """Compile-mode auto: the measured choice of :mod:`.compile_policy`, where it is usable here."""
-    from .compile_policy import EVIDENCE, preference
+    from .compile_policy import preferences
 
-    pref = preference(op, tuple(alts), c.dev.type)
-    if pref is None:
-        return None
-    rk = reg.get(op, pref.variant, pref.kernel) if not reg.is_contested(op, pref.kernel) else None
-    if rk is None or c.problem(rk.spec) is not None:
-        return None
-    try:
-        entry = _entry(rk, AUTO, "", c.load)
-    except Exception:
-        return None
-    return dataclasses.replace(entry, reason=f"auto (compile mode): {pref.kernel} by measurement: {pref.why} "
-                                             f"[{EVIDENCE}]")
+    for pref in preferences(op, tuple(alts), c.dev.type):
+        rk = reg.get(op, pref.variant, pref.kernel) if not reg.is_contested(op, pref.kernel) else None
+        if rk is None or c.problem(rk.spec) is not None:
+            continue
+        try:
+            entry = _entry(rk, AUTO, "", c.load)
+        except Exception:
+            continue
+        return dataclasses.replace(entry, reason=f"auto (compile mode): {pref.kernel} by measurement: {pref.why} "
+                                                 f"[{pref.evidence}]")
+    return None
 
 
 def _resolve_auto(reg, op, alts, c: _Ctx) -> PlanEntry | Refusal:

@@ -149,7 +149,7 @@ def phases(chunk: int, reps: int = 10) -> None:
             torch.cuda.synchronize()
             times.append(s.elapsed_time(e))
         ms = statistics.median(times)
-        rate = f"{flops / ms / 1e9:.0f} TFLOP/s" if flops else f"{nbytes / ms / 1e9:.2f} TB/s (bytes of 2 reads + 1 write)"
+        rate = f"{flops / ms / 1e9:.0f} TFLOP/s" if flops else f"{nbytes / ms / 1e9:.2f} TB/s of logits read + written"
         print(f"  {name:30s} {ms:8.3f} ms  {rate}")
 
 

@@ -169,13 +169,13 @@ _FLCE_TOL = {
 
 @hookimpl
 def cross_entropy() -> list[KernelSpec]:
-    # Priority 15, below veomni-liger's 20: `auto` takes it only where Liger is not installed,
-    # until a committed H100 run shows it faster (issue 13's rule).
+    # Priority 30, above veomni-liger's 20: faster on the committed H100 bench (fwd+bwd, hidden
+    # 2560, V 151,936, bf16: 29.5 / 59.1 / 121.4 ms at 8k / 16k / 32k tokens against Liger's
+    # 33.0 / 63.7 / 126.0; benchmarks/results/h100-2026-11-25-flce/), at ~1 GiB more peak memory.
     return [
         replace(_spec(
             "triton", "cross_entropy", "fused_linear", "cross_entropy:fused_linear_cross_entropy_sum",
             "Triton fused linear CE: cuBLAS logits per token chunk, one Triton online-softmax pass writing the "
             "gradient in place, cuBLAS dH and float32-accumulated dW; grads in forward (3 GEMMs), deterministic",
-            priority=15,
         ), tolerances=_FLCE_TOL),
     ]
