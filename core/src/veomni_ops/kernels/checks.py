@@ -41,6 +41,7 @@ Op-level contract checks, built from these; each takes ``backend`` and a narrowe
 * :func:`check_rms_norm_inputs` -- ``rms_norm``: hidden states ``[..., H]``, weight ``[H]``, ``eps``;
 * :func:`check_labels`, :func:`check_label_values` -- ``cross_entropy`` labels ``[N]`` and their range;
 * :func:`check_linear_cross_entropy_inputs` -- the ``fused_linear`` variant of ``cross_entropy``;
+* :func:`check_swiglu_inputs` -- ``swiglu``: ``gate`` and ``up`` of one shape, dtype and device;
 * :func:`check_eps` -- a non-negative Python float;
 * next to their reference kernels: :func:`veomni_ops.kernels.rotary.check_rotary_inputs`,
   :func:`veomni_ops.kernels.moe.check_moe_inputs`, :func:`veomni_ops.kernels.moe.check_expert_index`.
@@ -78,6 +79,7 @@ __all__ = [
     "check_linear_cross_entropy_inputs",
     "check_ndim",
     "check_rms_norm_inputs",
+    "check_swiglu_inputs",
     "check_same_device",
     "check_same_dtype",
     "check_tensor",
@@ -319,6 +321,23 @@ def check_rms_norm_inputs(
     return check_eps(eps, op, backend=backend)
 
 
+def check_swiglu_inputs(
+    gate: torch.Tensor, up: torch.Tensor, *, backend: str | None = None, float_check: TensorCheck | None = None
+) -> None:
+    """Check the ``swiglu`` contract's inputs: ``gate`` and ``up`` ``[..., I]`` of one shape, dtype and device."""
+    op = "swiglu"
+    if float_check is None:
+        float_check = partial(check_float, backend=backend)
+    float_check(gate, "gate", op)
+    float_check(up, "up", op)
+    check_same_device(op, backend=backend, gate=gate, up=up)
+    check_same_dtype(op, backend=backend, gate=gate, up=up)
+    if gate.shape != up.shape:
+        raise ValueError(
+            f"{where(op, backend)}: gate {tuple(gate.shape)} and up {tuple(up.shape)} must have the same shape [..., I]"
+        )
+
+
 def check_labels(
     labels: torch.Tensor,
     n: int,
@@ -469,6 +488,9 @@ class BackendChecks:
     def check_rms_norm_inputs(self, hidden_states: torch.Tensor, weight: torch.Tensor, eps: float) -> float:
         return check_rms_norm_inputs(hidden_states, weight, eps, backend=self.backend, float_check=self.check_float)
 
+    def check_swiglu_inputs(self, gate: torch.Tensor, up: torch.Tensor) -> None:
+        check_swiglu_inputs(gate, up, backend=self.backend, float_check=self.check_float)
+
     def check_labels(self, labels: torch.Tensor, n: int, ignore_index: int) -> None:
         check_labels(labels, n, ignore_index, backend=self.backend, integer_check=self.check_integer)
 
@@ -513,3 +535,9 @@ class BackendChecks:
             hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj,
             backend=self.backend, float_check=self.check_float, integer_check=self.check_integer,
         )
+
+    def check_expert_index(self, top_k_index: torch.Tensor, num_experts: int, *, always: bool = False) -> None:
+        """:func:`veomni_ops.kernels.moe.check_expert_index`, tagged with this backend."""
+        from .moe import check_expert_index
+
+        check_expert_index(top_k_index, num_experts, backend=self.backend, always=always)

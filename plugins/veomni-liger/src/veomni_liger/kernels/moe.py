@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import torch
 from liger_kernel.ops.fused_moe import LigerFusedMoEFunction
-from veomni_ops.kernels.moe import check_expert_index, check_moe_inputs, routed
+from veomni_ops.kernels.moe import routed
 
-from ._checks import BACKEND, check_integer, check_kernel_dtype
+from ._common import CHECKS
 
 _OP = "moe_experts"
 #: Liger stores the expert id in 16 bits and reserves 0xFFFF.
@@ -44,13 +44,10 @@ def _check(
     down_proj: torch.Tensor,
 ) -> None:
     # The contract's checks are the core's; Liger narrows the dtypes (no float64).
-    _, _, e, _, _ = check_moe_inputs(
-        hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj,
-        backend=BACKEND, float_check=check_kernel_dtype, integer_check=check_integer,
-    )
+    _, _, e, _, _ = CHECKS.check_moe_inputs(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj)
     if e >= MAX_EXPERTS:
-        raise ValueError(f"{_OP} ({BACKEND}): {e} experts; Liger's routing supports at most {MAX_EXPERTS - 1}")
-    check_expert_index(top_k_index, e, backend=BACKEND, always=True)
+        raise ValueError(f"{_OP} (liger): {e} experts; Liger's routing supports at most {MAX_EXPERTS - 1}")
+    CHECKS.check_expert_index(top_k_index, e, always=True)
 
 
 def moe_experts(
