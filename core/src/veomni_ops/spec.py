@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Union
 
 #: Every op the core knows, with its variants. The first variant is the default one.
@@ -211,6 +211,22 @@ DEFAULT_TOLERANCES: Mapping[str, Tolerance] = {
     "float16": Tolerance(2e-3, 2e-3),
 }
 
+# Named tolerance presets for KernelSpec.tolerances, so that a backend declares which kind of
+# arithmetic its kernel does instead of restating numbers. A kernel whose error was measured
+# wider (grouped GEMMs with atomics, TF32) declares its own table next to the reason.
+
+#: fp32 math inside the kernel, one or two roundings to the input dtype at the end (norms,
+#: RoPE, SwiGLU, a cross-entropy over given logits): :data:`DEFAULT_TOLERANCES` without float64.
+ELEMENTWISE: Mapping[str, Tolerance] = {d: DEFAULT_TOLERANCES[d] for d in ("float32", "bfloat16", "float16")}
+
+#: One GEMM in the input dtype before fp32 math, and reductions over every token (a fused
+#: linear cross-entropy: logits from ``hidden @ weight.T``, ``dW`` summed over all tokens).
+MATMUL: Mapping[str, Tolerance] = {
+    "float32": Tolerance(1e-4, 1e-4),
+    "bfloat16": Tolerance(2e-2, 2e-2),
+    "float16": Tolerance(5e-3, 5e-3),
+}
+
 
 @dataclass(frozen=True)
 class KernelSpec:
@@ -353,6 +369,54 @@ class KernelSpec:
             "parallel": list(self.parallel),
             "description": self.description,
         }
+
+
+@dataclass(frozen=True)
+class SpecDefaults:
+    """What the kernels of one backend share, so that its ``specs.py`` is a list of declarations.
+
+    The fields are :class:`KernelSpec`'s, less ``op``/``variant``/``factory``/``description``,
+    plus ``kernels``: the package the factories live in. :meth:`spec` declares one kernel::
+
+        _TRITON = SpecDefaults(name="triton", kernels="veomni_triton.kernels", hardware=_CUDA_SM80,
+                               requires=("triton>=3.0",), supports_compile=True, priority=30,
+                               tolerances=ELEMENTWISE, install_hint='pip install "veomni-ops[triton]"')
+
+        @hookimpl
+        def swiglu() -> list[KernelSpec]:
+            return [_TRITON.spec("swiglu", "standard", "swiglu:silu_mul", "Triton silu(gate) * up, fused")]
+    """
+
+    name: str
+    kernels: str = ""
+    hardware: HardwareRequirement = field(default_factory=HardwareRequirement)
+    requires: tuple[str, ...] = ()
+    supports_backward: bool = True
+    supports_compile: bool = False
+    dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")
+    priority: int = 0
+    tolerances: Any = ()
+    install_hint: str = ""
+    features: tuple[str, ...] = ()
+    parallel: tuple[str, ...] = ()
+
+    def spec(self, op: str, variant: str, factory: Factory, description: str = "", **overrides: Any) -> KernelSpec:
+        """One :class:`KernelSpec`: these defaults, then ``overrides`` (any of its fields).
+
+        A string ``factory`` is relative to ``kernels`` (``"rms_norm:rms_norm_standard"`` ->
+        ``"veomni_triton.kernels.rms_norm:rms_norm_standard"``). A tolerance table given as a
+        mapping keeps only the dtypes the kernel takes, so one preset serves kernels that take
+        fewer dtypes (``dtypes=("bfloat16", "float16")`` with :data:`MATMUL`).
+        """
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "kernels"}
+        values.update(overrides)
+        if isinstance(factory, str) and self.kernels:
+            factory = f"{self.kernels}.{factory}"
+        tol = values["tolerances"]
+        if isinstance(tol, Mapping):
+            dtypes = (values["dtypes"],) if isinstance(values["dtypes"], str) else tuple(values["dtypes"])
+            values["tolerances"] = {d: t for d, t in tol.items() if d in dtypes}
+        return KernelSpec(op=op, variant=variant, factory=factory, description=description, **values)
 
 
 def _declared(spec: KernelSpec, value: Any, table: Mapping[str, tuple[str, ...]], what: str) -> tuple[str, ...]:
