@@ -63,11 +63,7 @@ _NPU = SpecDefaults(
 # Three roundings in the input dtype (the GEMM outputs and the activation), the weighted sum
 # over K routes inside npu_moe_token_unpermute at an undocumented precision, and float32
 # GEMMs that may run on the cube unit at reduced (HF32) precision: wider than elementwise.
-_MOE_TOL = {
-    "float32": Tolerance(5e-3, 5e-3),
-    "bfloat16": Tolerance(3e-2, 3e-2),
-    "float16": Tolerance(5e-3, 5e-3),
-}
+_MOE_TOL = {"float32": Tolerance(5e-3, 5e-3), "bfloat16": Tolerance(3e-2, 3e-2), "float16": Tolerance(5e-3, 5e-3)}
 
 
 @hookimpl

@@ -78,22 +78,14 @@ def swiglu() -> list[KernelSpec]:
 # MoE grouped GEMMs accumulate in fp32 but round the intermediates (g, u, silu(g)*u, d[g|u])
 # to the operand dtype once each, as the eager loop does; weight gradients sum one term per
 # routed token, so their absolute error grows with the tokens per expert (tests scale atol).
-_MOE_TOL = {
-    "float32": Tolerance(1e-4, 1e-4),
-    "bfloat16": Tolerance(2e-2, 2e-2),
-    "float16": Tolerance(3e-3, 3e-3),
-}
+_MOE_TOL = {"float32": Tolerance(1e-4, 1e-4), "bfloat16": Tolerance(2e-2, 2e-2), "float16": Tolerance(3e-3, 3e-3)}
 
 # The loss is fp32 whatever the logits' dtype (fp32 softmax and sums); the logits' gradients
 # come back in the logits' dtype. float32 is held to (1e-5, 1e-4) with no allowance: the
 # backward centres its coefficients (kernels/load_balancing.py), and the conformance kit's
 # full cases on an H100 (seed 20261121) measure 0.023 / 0.037 / 0.017 of it for the worst
 # float32 gradient (0.041 on the CPU interpreter); uncentred they were 2.35 / 2.02 / 1.40.
-_LBL_TOL = {
-    "float32": Tolerance(1e-5, 1e-4),
-    "bfloat16": Tolerance(1e-3, 1e-2),
-    "float16": Tolerance(1e-4, 2e-3),
-}
+_LBL_TOL = {"float32": Tolerance(1e-5, 1e-4), "bfloat16": Tolerance(1e-3, 1e-2), "float16": Tolerance(1e-4, 2e-3)}
 
 
 @hookimpl

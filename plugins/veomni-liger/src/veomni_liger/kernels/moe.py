@@ -36,20 +36,6 @@ _OP = "moe_experts"
 MAX_EXPERTS = 0xFFFF
 
 
-def _check(
-    hidden_states: torch.Tensor,
-    top_k_index: torch.Tensor,
-    top_k_weights: torch.Tensor,
-    gate_up_proj: torch.Tensor,
-    down_proj: torch.Tensor,
-) -> None:
-    # The contract's checks are the core's; Liger narrows the dtypes (no float64).
-    _, _, e, _, _ = CHECKS.check_moe_inputs(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj)
-    if e >= MAX_EXPERTS:
-        raise ValueError(f"{_OP} (liger): {e} experts; Liger's routing supports at most {MAX_EXPERTS - 1}")
-    CHECKS.check_expert_index(top_k_index, e, always=True)
-
-
 def moe_experts(
     hidden_states: torch.Tensor,
     top_k_index: torch.Tensor,
@@ -62,7 +48,11 @@ def moe_experts(
     ``hidden_states [T, H]``, ``top_k_index [T, K]`` (integer), ``top_k_weights [T, K]``,
     ``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``; returns ``[T, H]`` in the hidden dtype.
     """
-    _check(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj)
+    # The contract's checks are the core's; Liger narrows the dtypes (no float64).
+    _, _, e, _, _ = CHECKS.check_moe_inputs(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj)
+    if e >= MAX_EXPERTS:
+        raise ValueError(f"{_OP} (liger): {e} experts; Liger's routing supports at most {MAX_EXPERTS - 1}")
+    CHECKS.check_expert_index(top_k_index, e, always=True)
     valid = routed(top_k_index, gate_up_proj.shape[0])
     # Sentinel routes (-1, E) -> expert 0 with weight 0. Liger's routing kernels read int32
     # indices; [T, K] is small.
