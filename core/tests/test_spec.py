@@ -102,3 +102,8 @@ def test_spec_defaults_declare_a_kernel_with_overrides():
     assert other.name == "mine_fast" and other.factory is factory and other.dtypes == ("bfloat16",)
     assert other.tolerances == (("bfloat16", MATMUL["bfloat16"]),)
     assert other.requires == ("lib>=1",) and other.priority == 7
+
+    with pytest.raises(SpecError, match="unknown field.*op, variant, factory and description are each kernel's own"):
+        SpecDefaults(name="mine", op="swiglu")
+    with pytest.raises(SpecError, match=r"SpecDefaults.spec: unknown field\(s\) prority"):
+        mine.spec("swiglu", "standard", "swiglu:silu_mul", prority=3)

@@ -371,12 +371,13 @@ class KernelSpec:
         }
 
 
-@dataclass(frozen=True)
 class SpecDefaults:
     """What the kernels of one backend share, so that its ``specs.py`` is a list of declarations.
 
-    The fields are :class:`KernelSpec`'s, less ``op``/``variant``/``factory``/``description``,
-    plus ``kernels``: the package the factories live in. :meth:`spec` declares one kernel::
+    Keyword arguments: any :class:`KernelSpec` field but ``op``, ``variant``, ``factory`` and
+    ``description`` (those are each kernel's own), plus ``kernels``: the package the factories
+    live in. A field not given keeps :class:`KernelSpec`'s default. :meth:`spec` declares one
+    kernel::
 
         _TRITON = SpecDefaults(name="triton", kernels="veomni_triton.kernels", hardware=_CUDA_SM80,
                                requires=("triton>=3.0",), supports_compile=True, priority=30,
@@ -387,36 +388,44 @@ class SpecDefaults:
             return [_TRITON.spec("swiglu", "standard", "swiglu:silu_mul", "Triton silu(gate) * up, fused")]
     """
 
-    name: str
-    kernels: str = ""
-    hardware: HardwareRequirement = field(default_factory=HardwareRequirement)
-    requires: tuple[str, ...] = ()
-    supports_backward: bool = True
-    supports_compile: bool = False
-    dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")
-    priority: int = 0
-    tolerances: Any = ()
-    install_hint: str = ""
-    features: tuple[str, ...] = ()
-    parallel: tuple[str, ...] = ()
+    def __init__(self, *, kernels: str = "", **defaults: Any) -> None:
+        _check_shared_fields(defaults, "SpecDefaults")
+        self.kernels = kernels
+        self.defaults: dict[str, Any] = defaults
 
     def spec(self, op: str, variant: str, factory: Factory, description: str = "", **overrides: Any) -> KernelSpec:
-        """One :class:`KernelSpec`: these defaults, then ``overrides`` (any of its fields).
+        """One :class:`KernelSpec`: these defaults, then ``overrides`` (the same fields).
 
         A string ``factory`` is relative to ``kernels`` (``"rms_norm:rms_norm_standard"`` ->
         ``"veomni_triton.kernels.rms_norm:rms_norm_standard"``). A tolerance table given as a
         mapping keeps only the dtypes the kernel takes, so one preset serves kernels that take
         fewer dtypes (``dtypes=("bfloat16", "float16")`` with :data:`MATMUL`).
         """
-        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "kernels"}
-        values.update(overrides)
+        _check_shared_fields(overrides, "SpecDefaults.spec")
+        values = {**self.defaults, **overrides}
         if isinstance(factory, str) and self.kernels:
             factory = f"{self.kernels}.{factory}"
-        tol = values["tolerances"]
+        tol = values.get("tolerances")
         if isinstance(tol, Mapping):
-            dtypes = (values["dtypes"],) if isinstance(values["dtypes"], str) else tuple(values["dtypes"])
+            dtypes = values.get("dtypes", KernelSpec.__dataclass_fields__["dtypes"].default)
+            dtypes = (dtypes,) if isinstance(dtypes, str) else tuple(dtypes)
             values["tolerances"] = {d: t for d, t in tol.items() if d in dtypes}
         return KernelSpec(op=op, variant=variant, factory=factory, description=description, **values)
+
+    def __repr__(self) -> str:
+        given = ", ".join(f"{k}={v!r}" for k, v in self.defaults.items())
+        return f"SpecDefaults(kernels={self.kernels!r}, {given})"
+
+
+def _check_shared_fields(given: Mapping[str, Any], what: str) -> None:
+    own = ("op", "variant", "factory", "description")
+    shared = [f.name for f in fields(KernelSpec) if f.name not in own]
+    unknown = sorted(set(given) - set(shared))
+    if unknown:
+        raise SpecError(
+            f"{what}: unknown field(s) {', '.join(unknown)}; a backend's kernels share these KernelSpec fields: "
+            f"{', '.join(shared)} (op, variant, factory and description are each kernel's own: .spec() arguments)"
+        )
 
 
 def _declared(spec: KernelSpec, value: Any, table: Mapping[str, tuple[str, ...]], what: str) -> tuple[str, ...]:

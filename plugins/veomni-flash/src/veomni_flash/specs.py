@@ -34,7 +34,6 @@ VEOMNI_OPS_PLUGIN_API = ">=1.0,<2"
 # torch.compile(fullgraph=True) cannot trace; FA4's kernels are CuTe-DSL JIT launches that
 # dynamo does not trace either.
 _FLASH = SpecDefaults(
-    name="flash_attention",  # each spec names its generation's kernel (_package)
     kernels="veomni_flash.kernels",
     supports_compile=False,
     dtypes=("bfloat16", "float16"),  # flash kernels take half precision only
