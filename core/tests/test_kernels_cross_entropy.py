@@ -307,7 +307,7 @@ def test_label_check_costs_one_reduction_and_is_skipped_on_accelerators_unless_a
     cross_entropy_sum(torch.randn(6, 10), torch.tensor([1, 2, -100, 3, 4, 5]))
     assert calls == [(6,)]  # one reduction over the labels
     # on an accelerator (pretend: can_read_values as it answers for a non-CPU tensor) nothing is read
-    monkeypatch.setattr(CE, "can_read_values", lambda x: checks.value_checks_on())
+    monkeypatch.setattr(checks, "can_read_values", lambda x: checks.value_checks_on())
     calls.clear()
     CE.check_label_values(torch.tensor([1, 50]), 10, -100)
     assert calls == []

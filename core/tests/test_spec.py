@@ -73,3 +73,37 @@ def test_spec_is_frozen_and_serialisable():
         s.name = "y"
     d = s.to_dict()
     assert d["op"] == "rms_norm" and d["hardware"]["device_types"] == ["any"]
+
+
+def test_tolerance_presets():
+    from veomni_ops.spec import DEFAULT_TOLERANCES, ELEMENTWISE, MATMUL
+
+    assert dict(ELEMENTWISE) == {d: DEFAULT_TOLERANCES[d] for d in ("float32", "bfloat16", "float16")}
+    assert dict(MATMUL) == {
+        "float32": Tolerance(1e-4, 1e-4), "bfloat16": Tolerance(2e-2, 2e-2), "float16": Tolerance(5e-3, 5e-3),
+    }
+
+
+def test_spec_defaults_declare_a_kernel_with_overrides():
+    from veomni_ops.spec import ELEMENTWISE, MATMUL, SpecDefaults
+
+    mine = SpecDefaults(name="mine", kernels="my_backend.kernels", hardware=HardwareRequirement(("cuda",)),
+                        requires=("lib>=1",), priority=7, tolerances=ELEMENTWISE, install_hint="pip install lib")
+    spec = mine.spec("rms_norm", "offset", "rms_norm:offset", "an RMSNorm")
+    assert spec == KernelSpec(
+        name="mine", op="rms_norm", variant="offset", factory="my_backend.kernels.rms_norm:offset",
+        hardware=HardwareRequirement(("cuda",)), requires=("lib>=1",), priority=7, tolerances=ELEMENTWISE,
+        description="an RMSNorm", install_hint="pip install lib",
+    )
+    # Overrides win; a preset keeps only the dtypes the kernel takes; a callable factory stays as it is.
+    factory = lambda: None  # noqa: E731
+    other = mine.spec("cross_entropy", "fused_linear", factory, name="mine_fast", dtypes=("bfloat16",),
+                      tolerances=MATMUL, parallel=())
+    assert other.name == "mine_fast" and other.factory is factory and other.dtypes == ("bfloat16",)
+    assert other.tolerances == (("bfloat16", MATMUL["bfloat16"]),)
+    assert other.requires == ("lib>=1",) and other.priority == 7
+
+    with pytest.raises(SpecError, match="unknown field.*op, variant, factory and description are each kernel's own"):
+        SpecDefaults(name="mine", op="swiglu")
+    with pytest.raises(SpecError, match=r"SpecDefaults.spec: unknown field\(s\) prority"):
+        mine.spec("swiglu", "standard", "swiglu:silu_mul", prority=3)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Union
 
 #: Every op the core knows, with its variants. The first variant is the default one.
@@ -211,6 +211,22 @@ DEFAULT_TOLERANCES: Mapping[str, Tolerance] = {
     "float16": Tolerance(2e-3, 2e-3),
 }
 
+# Named tolerance presets for KernelSpec.tolerances, so that a backend declares which kind of
+# arithmetic its kernel does instead of restating numbers. A kernel whose error was measured
+# wider (grouped GEMMs with atomics, TF32) declares its own table next to the reason.
+
+#: fp32 math inside the kernel, one or two roundings to the input dtype at the end (norms,
+#: RoPE, SwiGLU, a cross-entropy over given logits): :data:`DEFAULT_TOLERANCES` without float64.
+ELEMENTWISE: Mapping[str, Tolerance] = {d: DEFAULT_TOLERANCES[d] for d in ("float32", "bfloat16", "float16")}
+
+#: One GEMM in the input dtype before fp32 math, and reductions over every token (a fused
+#: linear cross-entropy: logits from ``hidden @ weight.T``, ``dW`` summed over all tokens).
+MATMUL: Mapping[str, Tolerance] = {
+    "float32": Tolerance(1e-4, 1e-4),
+    "bfloat16": Tolerance(2e-2, 2e-2),
+    "float16": Tolerance(5e-3, 5e-3),
+}
+
 
 @dataclass(frozen=True)
 class KernelSpec:
@@ -353,6 +369,63 @@ class KernelSpec:
             "parallel": list(self.parallel),
             "description": self.description,
         }
+
+
+class SpecDefaults:
+    """What the kernels of one backend share, so that its ``specs.py`` is a list of declarations.
+
+    Keyword arguments: any :class:`KernelSpec` field but ``op``, ``variant``, ``factory`` and
+    ``description`` (those are each kernel's own), plus ``kernels``: the package the factories
+    live in. A field not given keeps :class:`KernelSpec`'s default. :meth:`spec` declares one
+    kernel::
+
+        _TRITON = SpecDefaults(name="triton", kernels="veomni_triton.kernels", hardware=_CUDA_SM80,
+                               requires=("triton>=3.0",), supports_compile=True, priority=30,
+                               tolerances=ELEMENTWISE, install_hint='pip install "veomni-ops[triton]"')
+
+        @hookimpl
+        def swiglu() -> list[KernelSpec]:
+            return [_TRITON.spec("swiglu", "standard", "swiglu:silu_mul", "Triton silu(gate) * up, fused")]
+    """
+
+    def __init__(self, *, kernels: str = "", **defaults: Any) -> None:
+        _check_shared_fields(defaults, "SpecDefaults")
+        self.kernels = kernels
+        self.defaults: dict[str, Any] = defaults
+
+    def spec(self, op: str, variant: str, factory: Factory, description: str = "", **overrides: Any) -> KernelSpec:
+        """One :class:`KernelSpec`: these defaults, then ``overrides`` (the same fields).
+
+        A string ``factory`` is relative to ``kernels`` (``"rms_norm:rms_norm_standard"`` ->
+        ``"veomni_triton.kernels.rms_norm:rms_norm_standard"``). A tolerance table given as a
+        mapping keeps only the dtypes the kernel takes, so one preset serves kernels that take
+        fewer dtypes (``dtypes=("bfloat16", "float16")`` with :data:`MATMUL`).
+        """
+        _check_shared_fields(overrides, "SpecDefaults.spec")
+        values = {**self.defaults, **overrides}
+        if isinstance(factory, str) and self.kernels:
+            factory = f"{self.kernels}.{factory}"
+        tol = values.get("tolerances")
+        if isinstance(tol, Mapping):
+            dtypes = values.get("dtypes", KernelSpec.__dataclass_fields__["dtypes"].default)
+            dtypes = (dtypes,) if isinstance(dtypes, str) else tuple(dtypes)
+            values["tolerances"] = {d: t for d, t in tol.items() if d in dtypes}
+        return KernelSpec(op=op, variant=variant, factory=factory, description=description, **values)
+
+    def __repr__(self) -> str:
+        given = ", ".join(f"{k}={v!r}" for k, v in self.defaults.items())
+        return f"SpecDefaults(kernels={self.kernels!r}, {given})"
+
+
+def _check_shared_fields(given: Mapping[str, Any], what: str) -> None:
+    own = ("op", "variant", "factory", "description")
+    shared = [f.name for f in fields(KernelSpec) if f.name not in own]
+    unknown = sorted(set(given) - set(shared))
+    if unknown:
+        raise SpecError(
+            f"{what}: unknown field(s) {', '.join(unknown)}; a backend's kernels share these KernelSpec fields: "
+            f"{', '.join(shared)} (op, variant, factory and description are each kernel's own: .spec() arguments)"
+        )
 
 
 def _declared(spec: KernelSpec, value: Any, table: Mapping[str, tuple[str, ...]], what: str) -> tuple[str, ...]:

@@ -188,8 +188,8 @@ def test_swiglu_validation():
 
 def test_tensors_off_the_npu_are_refused_with_the_fix(monkeypatch):
     # With the real torch_npu the adapters take NPU tensors only; CPU tensors get a clear error.
-    from veomni_npu.kernels import _npu
+    from veomni_npu.kernels import _common
 
-    monkeypatch.setattr(_npu, "TENSOR_DEVICE", "npu")
-    with pytest.raises(ValueError, match=r"on cpu; the npu kernels take tensors on an Ascend NPU"):
+    monkeypatch.setattr(_common.CHECKS, "device_types", ("npu",))
+    with pytest.raises(ValueError, match=r"on cpu, but the Ascend kernels take tensors on an Ascend NPU only"):
         kernel("swiglu", "standard")(torch.randn(2, 4), torch.randn(2, 4))

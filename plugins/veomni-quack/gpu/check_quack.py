@@ -111,7 +111,7 @@ def probe_imports() -> None:
     if ARGS.smoke:
         import veomni_quack.kernels._common as common
 
-        common.DEVICE_TYPES = ("cuda", "cpu")
+        common.CHECKS.device_types = ("cuda", "cpu")
     for name in MODULES:
         t0 = time.perf_counter()
         try:

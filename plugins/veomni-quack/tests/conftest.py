@@ -35,5 +35,5 @@ if _loaded is not None and not getattr(_loaded, "IS_STAND_IN", False):
 def _cpu_allowed(monkeypatch) -> None:
     import veomni_quack.kernels._common as common
 
-    monkeypatch.setattr(common, "DEVICE_TYPES", ("cuda", "cpu"))
+    monkeypatch.setattr(common.CHECKS, "device_types", ("cuda", "cpu"))
     torch.manual_seed(0)

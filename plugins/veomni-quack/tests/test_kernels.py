@@ -146,10 +146,10 @@ def test_rms_norm_bad_input(args, err, match):
 
 
 def test_cpu_tensors_are_refused_outside_the_tests(monkeypatch):
-    monkeypatch.setattr(common, "DEVICE_TYPES", ("cuda",))
-    with pytest.raises(ValueError, match="Quack's kernels run on CUDA GPUs only"):
+    monkeypatch.setattr(common.CHECKS, "device_types", ("cuda",))
+    with pytest.raises(ValueError, match=r"Quack's kernels take tensors on CUDA GPUs \(sm 9.0\+\) only"):
         rms.rms_norm_offset(torch.randn(2, 8), torch.zeros(8), 1e-6)
-    with pytest.raises(ValueError, match="CUDA GPUs only"):
+    with pytest.raises(ValueError, match=r"CUDA GPUs \(sm 9.0\+\) only"):
         ce.cross_entropy_sum(torch.randn(2, 8), torch.tensor([1, 2]))
 
 
@@ -398,7 +398,7 @@ def test_fused_linear_fixes_a_misaligned_hidden():
          "multiples of 8"),
         (torch.randn(8, 16), torch.randn(24, 16), {}, TypeError, "bfloat16 and float16 only"),
         (torch.randn(8, 16, dtype=torch.bfloat16), torch.randn(24, 16, dtype=torch.float16), {}, TypeError,
-         "same dtype"),
+         "different dtypes"),
         (torch.randn(8, 16, dtype=torch.bfloat16), torch.randn(24, 8, dtype=torch.bfloat16), {}, ValueError,
          r"must be \[V, H\]"),
     ],

@@ -7,15 +7,18 @@ One module per op; every function here follows its op's kernel contract in
 * :mod:`.rotary` — ``apply_rotary`` (full and partial)
 * :mod:`.swiglu` — ``silu_mul``
 * :mod:`.cross_entropy` — ``cross_entropy_sum``, ``fused_linear_cross_entropy_sum``,
-  ``chunked_fused_linear_cross_entropy_sum``; ``check_label_values`` (the label-range rule)
+  ``chunked_fused_linear_cross_entropy_sum``
 * :mod:`.moe` — ``check_moe_inputs``, ``check_expert_index`` (the expert-index rule: ``-1``
   and ``E`` route nowhere), ``routed``, ``moe_experts_eager``, ``moe_experts_grouped_mm``,
   ``grouped_mm_available``
 * :mod:`.load_balancing` — ``load_balancing_loss``
 * :mod:`.attention` — ``eager_attention``, ``sdpa_attention``, ``packing_mask`` (packed
   sequences as a block-diagonal mask)
-* :mod:`.checks` — input checks and the value-check policy (``can_read_values``,
-  ``VEOMNI_OPS_CHECK_VALUES``; public: backends' adapters use them too)
+* :mod:`.checks` — THE input checks, public for every backend's adapters: tensor, dtype,
+  device and shape checks, the op-level ones (``check_rms_norm_inputs``, ``check_labels``,
+  ``check_label_values`` -- the label-range rule --, ``check_linear_cross_entropy_inputs``),
+  ``BackendChecks`` (the same bound to a backend's tag, dtypes and devices) and the
+  value-check policy (``can_read_values``, ``VEOMNI_OPS_CHECK_VALUES``)
 
 The ``eager`` kernels are the reference every other backend is checked against; they
 reproduce transformers' own modules. Nothing is imported here so that importing one

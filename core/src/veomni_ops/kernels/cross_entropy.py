@@ -31,14 +31,13 @@ import torch
 import torch.nn.functional as F
 
 from .checks import (
-    can_read_values,
     check_float,
-    check_index_range,
-    check_integer,
+    check_label_values,
     check_ndim,
     check_same_device,
-    check_same_dtype,
 )
+from .checks import check_labels as _check_labels
+from .checks import check_linear_cross_entropy_inputs as _check_linear
 
 _OP = "cross_entropy"
 
@@ -58,36 +57,6 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _check_labels(labels: torch.Tensor, n: int, ignore_index: int) -> None:
-    check_integer(labels, "labels", _OP)
-    check_ndim(labels, 1, "labels", _OP, "[N] (flatten it and shift it first)")
-    if labels.shape[0] != n:
-        raise ValueError(f"{_OP}: labels has {labels.shape[0]} entries but there are {n} tokens; they must match")
-    if not isinstance(ignore_index, int) or isinstance(ignore_index, bool):
-        raise TypeError(f"{_OP}: ignore_index must be a Python int, got {ignore_index!r}")
-
-
-def check_label_values(
-    labels: torch.Tensor,
-    vocab_size: int,
-    ignore_index: int,
-    *,
-    backend: str | None = None,
-    always: bool = False,
-    consequence: str = "the loss would index outside the logits",
-) -> None:
-    """Every label in ``[0, V)`` or equal to ``ignore_index``, else ``ValueError`` naming the op and the label.
-
-    One reduction (``aminmax``) and one host synchronisation. Runs when ``always`` (a kernel
-    that synchronises anyway) or when
-    :func:`~veomni_ops.kernels.checks.can_read_values` allows (CPU tensors;
-    ``VEOMNI_OPS_CHECK_VALUES=1``); otherwise returns without reading anything.
-    """
-    if always or can_read_values(labels):
-        check_index_range(labels, vocab_size, "labels", _OP, f"the vocabulary size V = {vocab_size}",
-                          ignore=ignore_index, backend=backend, consequence=consequence)
-
-
 def _cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int) -> torch.Tensor:
     return F.cross_entropy(
         logits.to(_compute_dtype(logits.dtype)), labels.long(), ignore_index=ignore_index, reduction="sum"
@@ -105,27 +74,6 @@ def cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor, *, ignore_inde
     check_same_device(_OP, logits=logits, labels=labels)
     check_label_values(labels, logits.shape[1], ignore_index)
     return _cross_entropy_sum(logits, labels, ignore_index)
-
-
-def _check_linear(
-    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, bias: torch.Tensor | None, ignore_index: int
-) -> None:
-    check_float(hidden, "hidden", _OP)
-    check_float(weight, "weight", _OP)
-    check_ndim(hidden, 2, "hidden", _OP, "[N, H] (flatten leading dimensions with .view(-1, H))")
-    check_ndim(weight, 2, "weight", _OP, "[V, H] (the lm_head weight)")
-    if weight.shape[1] != hidden.shape[1]:
-        raise ValueError(
-            f"{_OP}: weight {tuple(weight.shape)} must be [V, H] with H = hidden.shape[1] = {hidden.shape[1]}"
-        )
-    if bias is not None:
-        check_float(bias, "bias", _OP)
-        if bias.dim() != 1 or bias.shape[0] != weight.shape[0]:
-            raise ValueError(f"{_OP}: bias must have shape [V] = [{weight.shape[0]}], got {tuple(bias.shape)}")
-    check_same_dtype(_OP, hidden=hidden, weight=weight, bias=bias)
-    _check_labels(labels, hidden.shape[0], ignore_index)
-    check_same_device(_OP, hidden=hidden, weight=weight, labels=labels, bias=bias)
-    check_label_values(labels, weight.shape[0], ignore_index)
 
 
 def fused_linear_cross_entropy_sum(

@@ -9,25 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .checks import check_float, check_same_device
-
-_OP = "rms_norm"
-
-
-def _check(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
-    check_float(hidden_states, "hidden_states", _OP)
-    check_float(weight, "weight", _OP)
-    check_same_device(_OP, hidden_states=hidden_states, weight=weight)
-    if hidden_states.dim() < 1:
-        raise ValueError(f"{_OP}: hidden_states must have at least one dimension [..., H], got a scalar")
-    h = hidden_states.shape[-1]
-    if weight.dim() != 1 or weight.shape[0] != h:
-        raise ValueError(
-            f"{_OP}: weight must have shape [H] = [{h}] (the last dimension of hidden_states "
-            f"{tuple(hidden_states.shape)}), got {tuple(weight.shape)}"
-        )
-    if isinstance(eps, torch.Tensor) or not isinstance(eps, (int, float)) or isinstance(eps, bool) or eps < 0:
-        raise ValueError(f"{_OP}: eps must be a non-negative Python float, got {eps!r}")
+from .checks import check_rms_norm_inputs
 
 
 def rms_norm_standard(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -37,7 +19,7 @@ def rms_norm_standard(hidden_states: torch.Tensor, weight: torch.Tensor, eps: fl
     contract), also when ``weight`` has a wider dtype; with equal dtypes it is bitwise
     transformers' result.
     """
-    _check(hidden_states, weight, eps)
+    check_rms_norm_inputs(hidden_states, weight, eps)
     input_dtype = hidden_states.dtype
     x = hidden_states.to(torch.float32) if input_dtype != torch.float64 else hidden_states
     variance = x.pow(2).mean(-1, keepdim=True)
@@ -53,7 +35,7 @@ def rms_norm_offset(hidden_states: torch.Tensor, weight: torch.Tensor, eps: floa
     As ``Qwen3NextRMSNorm`` (Qwen3.5, Qwen3-Next) and Gemma's norm: the weight is stored
     as an offset from one (initialised to zeros).
     """
-    _check(hidden_states, weight, eps)
+    check_rms_norm_inputs(hidden_states, weight, eps)
     compute = torch.float64 if hidden_states.dtype == torch.float64 else torch.float32
     x = hidden_states.to(compute)
     out = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)

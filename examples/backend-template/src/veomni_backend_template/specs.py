@@ -9,7 +9,7 @@ string and imported only when resolution accepts it.
 from __future__ import annotations
 
 from veomni_ops.hookspecs import hookimpl
-from veomni_ops.spec import HardwareRequirement, KernelSpec, Tolerance
+from veomni_ops.spec import HardwareRequirement, KernelSpec, SpecDefaults, Tolerance
 
 # The veomni-ops plugin API versions this backend was built for: every release of the core
 # whose plugin API (veomni_ops.PLUGIN_API_VERSION) is 1.x. Outside this range discovery refuses
@@ -18,39 +18,45 @@ from veomni_ops.spec import HardwareRequirement, KernelSpec, Tolerance
 # against the new major version.
 VEOMNI_OPS_PLUGIN_API = ">=1.0,<2"
 
+# What every kernel of this backend shares (a backend with one kernel or twenty writes this
+# once; each hook below then declares its kernels with `_TEMPLATE.spec(...)`).
+_TEMPLATE = SpecDefaults(
+    # What users write: `swiglu_mlp_implementation: template`.
+    name="template",
+    # The package the factories live in: "swiglu:silu_mul" is
+    # "veomni_backend_template.kernels.swiglu:silu_mul", and the attribute IS the kernel.
+    kernels="veomni_backend_template.kernels",
+    # Plain PyTorch runs everywhere. A CUDA-only kernel would say
+    # HardwareRequirement(("cuda",), min_capability=(8, 0)).
+    hardware=HardwareRequirement(("any",)),
+    # Distributions checked from installed metadata BEFORE the factory is imported; a
+    # vendor-library backend lists its library here, e.g. ("liger-kernel>=0.6",).
+    requires=("torch>=2.4",),
+    supports_backward=True,
+    # torch.autograd.Function traces under torch.compile(fullgraph=True) (tested).
+    supports_compile=True,
+    dtypes=("float32", "bfloat16", "float16", "float64"),
+    # `auto` takes the highest priority usable here: the core's eager is 0, its portable
+    # kernels 10, vendor backends 20-40. The template sits just above eager.
+    priority=5,
+    install_hint="pip install veomni-backend-template",
+)
+
 
 @hookimpl
 def swiglu() -> list[KernelSpec]:
     return [
-        KernelSpec(
-            # What users write: `swiglu_mlp_implementation: template`.
-            name="template",
-            op="swiglu",
-            variant="standard",
-            # "module:attr", and the attribute IS the kernel (signature: the hook's contract).
-            factory="veomni_backend_template.kernels.swiglu:silu_mul",
-            # Plain PyTorch runs everywhere. A CUDA-only kernel would say
-            # HardwareRequirement(("cuda",), min_capability=(8, 0)).
-            hardware=HardwareRequirement(("any",)),
-            # Distributions checked from installed metadata BEFORE the factory is imported; a
-            # vendor-library backend lists its library here, e.g. ("liger-kernel>=0.6",).
-            requires=("torch>=2.4",),
-            supports_backward=True,
-            # torch.autograd.Function traces under torch.compile(fullgraph=True) (tested).
-            supports_compile=True,
-            dtypes=("float32", "bfloat16", "float16", "float64"),
-            # `auto` takes the highest priority usable here: the core's eager is 0, its portable
-            # kernels 10, vendor backends 20-40. The template sits just above eager.
-            priority=5,
+        _TEMPLATE.spec(
+            "swiglu", "standard", "swiglu:silu_mul",
+            "template: silu(gate) * up with a hand-written fused backward (plain PyTorch)",
             # Against the float64 reference, for the output and both gradients. The math is
-            # float32 (float64 for float64) with one rounding to the input dtype at the end.
+            # float32 (float64 for float64) with one rounding to the input dtype at the end
+            # (veomni_ops.spec has presets for the common cases: ELEMENTWISE, MATMUL).
             tolerances={
                 "float64": Tolerance(1e-12, 1e-10),
                 "float32": Tolerance(1e-5, 1e-5),
                 "bfloat16": Tolerance(1.6e-2, 1.6e-2),
                 "float16": Tolerance(2e-3, 2e-3),
             },
-            description="template: silu(gate) * up with a hand-written fused backward (plain PyTorch)",
-            install_hint="pip install veomni-backend-template",
         )
     ]

@@ -18,8 +18,10 @@ Hardware ranges come from the packages' own sources (read, not yet run on every 
 
 from __future__ import annotations
 
+from typing import Any
+
 from veomni_ops.hookspecs import hookimpl
-from veomni_ops.spec import HardwareRequirement, KernelSpec, Tolerance
+from veomni_ops.spec import HardwareRequirement, KernelSpec, SpecDefaults, Tolerance
 
 from .packages import PACKAGES
 
@@ -27,65 +29,51 @@ from .packages import PACKAGES
 #: "The plugin API version"): outside it, discovery refuses the backend and says what to upgrade.
 VEOMNI_OPS_PLUGIN_API = ">=1.0,<2"
 
-#: Flash kernels take half precision only.
-_DTYPES = ("bfloat16", "float16")
-
-#: Against the float64 reference. The kernels round P to the input dtype before the P@V
-#: GEMM and round the output once, so the error is a few units of the dtype's epsilon.
-_TOLERANCES = {"bfloat16": Tolerance(3e-2, 3e-2), "float16": Tolerance(5e-3, 5e-3)}
-
-_HINT = 'pip install "veomni-ops[flash]" and {install}'
-
 # Why supports_compile is False for all three: the padding-mask and packed-sequence paths
 # derive cu_seqlens with nonzero()/item() (data-dependent shapes and host syncs), which
 # torch.compile(fullgraph=True) cannot trace; FA4's kernels are CuTe-DSL JIT launches that
 # dynamo does not trace either.
+_FLASH = SpecDefaults(
+    kernels="veomni_flash.kernels",
+    supports_compile=False,
+    dtypes=("bfloat16", "float16"),  # flash kernels take half precision only
+    # Against the float64 reference. The kernels round P to the input dtype before the P@V
+    # GEMM and round the output once, so the error is a few units of the dtype's epsilon.
+    tolerances={"bfloat16": Tolerance(3e-2, 3e-2), "float16": Tolerance(5e-3, 5e-3)},
+    features=("softcap", "sliding_window"),
+    parallel=("sp",),  # heads from the tensors; no mask under SP (causal/window/packing from the call)
+)
 
 
-def _spec(version: int, *, priority: int, hardware: HardwareRequirement, description: str,
-          features: tuple[str, ...]) -> KernelSpec:
+def _package(version: int) -> dict[str, Any]:
+    """The fields the package table gives: the kernel name, the requirement, the install hint."""
     pkg = PACKAGES[version]
-    return KernelSpec(
-        name=pkg.kernel_name,
-        op="attention",
-        variant="standard",
-        factory=f"veomni_flash.kernels.fa{version}:flash_attention_{version}",
-        hardware=hardware,
-        requires=(pkg.requirement,),
-        supports_backward=True,
-        supports_compile=False,
-        dtypes=_DTYPES,
-        priority=priority,
-        tolerances=_TOLERANCES,
-        description=description,
-        install_hint=_HINT.format(install=pkg.install),
-        features=features,
-        parallel=("sp",),  # heads from the tensors; no mask under SP (causal/window/packing from the call)
-    )
+    return {
+        "name": pkg.kernel_name,
+        "requires": (pkg.requirement,),
+        "install_hint": f'pip install "veomni-ops[flash]" and {pkg.install}',
+    }
 
 
 @hookimpl
 def attention() -> list[KernelSpec]:
     return [
-        _spec(
-            4,
-            priority=40,
-            hardware=HardwareRequirement(("cuda",), min_capability=(9, 0), max_capability=(12, 9)),
-            description="FlashAttention-4 (CuTe DSL, flash_attn.cute): Hopper/Blackwell, GQA, varlen, no dropout",
-            features=("softcap", "sliding_window"),
+        _FLASH.spec(
+            "attention", "standard", "fa4:flash_attention_4",
+            "FlashAttention-4 (CuTe DSL, flash_attn.cute): Hopper/Blackwell, GQA, varlen, no dropout",
+            priority=40, hardware=HardwareRequirement(("cuda",), min_capability=(9, 0), max_capability=(12, 9)),
+            **_package(4),
         ),
-        _spec(
-            3,
-            priority=35,
-            hardware=HardwareRequirement(("cuda",), min_capability=(8, 0), max_capability=(9, 0)),
-            description="FlashAttention-3 (flash_attn_interface): tuned for Hopper, GQA, varlen, no dropout",
-            features=("softcap", "sliding_window"),
+        _FLASH.spec(
+            "attention", "standard", "fa3:flash_attention_3",
+            "FlashAttention-3 (flash_attn_interface): tuned for Hopper, GQA, varlen, no dropout",
+            priority=35, hardware=HardwareRequirement(("cuda",), min_capability=(8, 0), max_capability=(9, 0)),
+            **_package(3),
         ),
-        _spec(
-            2,
-            priority=30,
-            hardware=HardwareRequirement(("cuda",), min_capability=(8, 0)),
-            description="FlashAttention-2 (flash_attn): Ampere and newer, GQA, varlen, dropout",
-            features=("softcap", "sliding_window", "dropout"),
+        _FLASH.spec(
+            "attention", "standard", "fa2:flash_attention_2",
+            "FlashAttention-2 (flash_attn): Ampere and newer, GQA, varlen, dropout",
+            priority=30, hardware=HardwareRequirement(("cuda",), min_capability=(8, 0)),
+            features=("softcap", "sliding_window", "dropout"), **_package(2),
         ),
     ]

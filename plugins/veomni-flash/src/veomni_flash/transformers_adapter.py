@@ -108,7 +108,7 @@ def local_flash_kernel(name_or_version: str | int) -> types.SimpleNamespace:
     """The kernel-like object transformers' flash preload wants for one of our names: a namespace
     with ``flash_attn_func``, ``flash_attn_varlen_func`` and ``flash_attn_with_kvcache`` (None
     where the package has none, e.g. FA4), taken straight from the flash package."""
-    from .kernels._backend import load_flash_backend
+    from .kernels._common import load_flash_backend
 
     version = name_or_version if isinstance(name_or_version, int) else version_for(name_or_version)
     be = load_flash_backend(version)

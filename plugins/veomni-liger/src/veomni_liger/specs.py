@@ -23,110 +23,53 @@ core's config). What is registered, and why each field has the value it has:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import replace
-
 from veomni_ops.hookspecs import hookimpl
-from veomni_ops.spec import HardwareRequirement, KernelSpec, Tolerance
+from veomni_ops.spec import ELEMENTWISE, MATMUL, HardwareRequirement, KernelSpec, SpecDefaults, Tolerance
 
 #: The veomni-ops plugin API versions this backend is built for (docs/writing-a-backend.md,
 #: "The plugin API version"): outside it, discovery refuses the backend and says what to upgrade.
 VEOMNI_OPS_PLUGIN_API = ">=1.0,<2"
 
-NAME = "liger"
-PRIORITY = 20
-INSTALL_HINT = 'pip install "veomni-ops[liger]"'
-DTYPES = ("float32", "bfloat16", "float16")
-_KERNELS = "veomni_liger.kernels"
-
-_CUDA_SM80 = HardwareRequirement(("cuda",), min_capability=(8, 0))
 _CUDA_SM90 = HardwareRequirement(("cuda",), min_capability=(9, 0))
 
-#: Lowest liger-kernel release per adapter (README "Versions" gives the reasons).
-MIN_LIGER = {
-    # fp32 accumulation of dW in llama casting mode: #950, first released in 0.6.5.
-    "rms_norm": "0.6.5",
-    # int64 program ids (no overflow at long sequences): #804, released in 0.6.1.
-    "rotary_full": "0.6.1",
-    # rotary_dim < head_dim first supported in 0.8.5; older releases read cos/sin as if
-    # they were head_dim wide (silently wrong for partial rotary).
-    "rotary_partial": "0.8.5",
-    # swiglu_forward/backward with an int64 program id (#251): 0.3.1.
-    "swiglu": "0.3.1",
-    # cross_entropy_forward stops writing gradients into logits that need none (#894): 0.6.3.
-    "cross_entropy_logits": "0.6.3",
-    # accum_dtype (#830, 0.6.2) and a working no-grad path (#931): 0.6.4.
-    "cross_entropy_fused_linear": "0.6.4",
-    # LigerFusedMoEFunction appeared in 0.8.0; int32 overflow fix (#1248) in 0.8.1; the dx
-    # backward miscompile fix (separate gate/up accumulators) in 0.8.3.
-    "moe_experts": "0.8.3",
-}
+# Every kernel: CUDA sm80+, float32/bfloat16/float16, fp32 math inside and one or two roundings
+# to the input dtype (ELEMENTWISE; a cross-entropy's per-token losses are stored in the logits
+# dtype before the float32 sum). Each spec names its lowest liger-kernel release (README
+# "Versions" gives the reasons).
+_LIGER = SpecDefaults(
+    name="liger",
+    kernels="veomni_liger.kernels",
+    hardware=HardwareRequirement(("cuda",), min_capability=(8, 0)),
+    supports_compile=False,
+    priority=20,
+    tolerances=ELEMENTWISE,
+    install_hint='pip install "veomni-ops[liger]"',
+)
 
-# fp32 math inside the kernel, one or two roundings to the input dtype.
-_ELEMENTWISE_TOL: Mapping[str, Tolerance] = {
-    "float32": Tolerance(1e-5, 1e-4),
-    "bfloat16": Tolerance(2e-2, 2e-2),
-    "float16": Tolerance(2e-3, 2e-3),
-}
-# Per-token losses are stored in the logits dtype before the float32 sum.
-_CE_LOGITS_TOL: Mapping[str, Tolerance] = {
-    "float32": Tolerance(1e-5, 1e-4),
-    "bfloat16": Tolerance(2e-2, 2e-2),
-    "float16": Tolerance(2e-3, 2e-3),
-}
-# Logits come from a matmul in the input dtype; dW sums over every token.
-_FLCE_TOL: Mapping[str, Tolerance] = {
-    "float32": Tolerance(1e-4, 1e-4),
-    "bfloat16": Tolerance(2e-2, 2e-2),
-    "float16": Tolerance(5e-3, 5e-3),
-}
 # tl.dot on float32 inputs uses TF32 (10-bit mantissa) on NVIDIA GPUs (Liger's MoE kernels pass
 # no input_precision, so Triton's default applies); dS is accumulated with atomic_add in the
 # activation dtype. Measured on an H100 (`veomni-ops check --backend veomni-liger`, 2026-11-21):
 # float32 expert-weight gradients 0.009 at unit scale (eager float32: 0.00001), so 5e-3 failed.
-_MOE_TOL: Mapping[str, Tolerance] = {
+_MOE_TOL = {
     "float32": Tolerance(1.5e-2, 1.5e-2),
     "bfloat16": Tolerance(3e-2, 3e-2),
     "float16": Tolerance(1.5e-2, 1.5e-2),  # float16 and TF32 both keep 10 mantissa bits (H100: 0.0078)
 }
 
 
-def _spec(
-    op: str,
-    variant: str,
-    factory: str,
-    min_version: str,
-    tolerances: Mapping[str, Tolerance],
-    description: str,
-    hardware: HardwareRequirement = _CUDA_SM80,
-) -> KernelSpec:
-    return KernelSpec(
-        name=NAME,
-        op=op,
-        variant=variant,
-        factory=f"{_KERNELS}.{factory}",
-        hardware=hardware,
-        requires=(f"liger-kernel>={min_version}",),
-        supports_backward=True,
-        supports_compile=False,
-        dtypes=DTYPES,
-        priority=PRIORITY,
-        tolerances=dict(tolerances),
-        description=description,
-        install_hint=INSTALL_HINT,
-    )
-
-
 @hookimpl
 def rms_norm() -> list[KernelSpec]:
+    # fp32 accumulation of dW in llama casting mode: #950, first released in 0.6.5.
     return [
-        _spec(
-            "rms_norm", "standard", "rms_norm:rms_norm_standard", MIN_LIGER["rms_norm"], _ELEMENTWISE_TOL,
+        _LIGER.spec(
+            "rms_norm", "standard", "rms_norm:rms_norm_standard",
             "Liger RMSNorm, casting_mode='llama' (fp32 statistics, cast x̂, then * w), out-of-place backward",
+            requires=("liger-kernel>=0.6.5",),
         ),
-        _spec(
-            "rms_norm", "offset", "rms_norm:rms_norm_offset", MIN_LIGER["rms_norm"], _ELEMENTWISE_TOL,
+        _LIGER.spec(
+            "rms_norm", "offset", "rms_norm:rms_norm_offset",
             "Liger RMSNorm, offset=1.0 casting_mode='gemma' (x̂ * (1 + w) all in fp32), out-of-place backward",
+            requires=("liger-kernel>=0.6.5",),
         ),
     ]
 
@@ -134,13 +77,17 @@ def rms_norm() -> list[KernelSpec]:
 @hookimpl
 def rotary() -> list[KernelSpec]:
     return [
-        _spec(
-            "rotary", "full", "rotary:apply_rotary_full", MIN_LIGER["rotary_full"], _ELEMENTWISE_TOL,
+        _LIGER.spec(
+            "rotary", "full", "rotary:apply_rotary_full",
             "Liger RoPE (rope_forward/backward), q and k in one launch; rotary dim == head dim",
+            requires=("liger-kernel>=0.6.1",),  # int64 program ids (no overflow at long sequences): #804
         ),
-        _spec(
-            "rotary", "partial", "rotary:apply_rotary_partial", MIN_LIGER["rotary_partial"], _ELEMENTWISE_TOL,
+        _LIGER.spec(
+            "rotary", "partial", "rotary:apply_rotary_partial",
             "Liger RoPE (rope_forward/backward, rotary_dim): first R channels rotated, the rest untouched",
+            # rotary_dim < head_dim first supported in 0.8.5; older releases read cos/sin as if
+            # they were head_dim wide (silently wrong for partial rotary).
+            requires=("liger-kernel>=0.8.5",),
         ),
     ]
 
@@ -148,9 +95,10 @@ def rotary() -> list[KernelSpec]:
 @hookimpl
 def swiglu() -> list[KernelSpec]:
     return [
-        _spec(
-            "swiglu", "standard", "swiglu:silu_mul", MIN_LIGER["swiglu"], _ELEMENTWISE_TOL,
+        _LIGER.spec(
+            "swiglu", "standard", "swiglu:silu_mul",
             "Liger SiLU*mul (swiglu_forward/backward); backward overwrites gate/up with their gradients",
+            requires=("liger-kernel>=0.3.1",),  # swiglu_forward/backward with an int64 program id (#251)
         )
     ]
 
@@ -158,15 +106,16 @@ def swiglu() -> list[KernelSpec]:
 @hookimpl
 def cross_entropy() -> list[KernelSpec]:
     return [
-        _spec(
+        _LIGER.spec(
             "cross_entropy", "logits", "cross_entropy:cross_entropy_sum",
-            MIN_LIGER["cross_entropy_logits"], _CE_LOGITS_TOL,
             "Liger cross-entropy (online softmax, gradient computed in forward into the logits buffer)",
+            requires=("liger-kernel>=0.6.3",),  # cross_entropy_forward stops writing unneeded gradients: #894
         ),
-        _spec(
+        _LIGER.spec(
             "cross_entropy", "fused_linear", "cross_entropy:fused_linear_cross_entropy_sum",
-            MIN_LIGER["cross_entropy_fused_linear"], _FLCE_TOL,
             "Liger fused linear cross-entropy (chunked logits, grads in forward, fp32 dW accumulator)",
+            requires=("liger-kernel>=0.6.4",),  # accum_dtype (#830, 0.6.2) and a working no-grad path (#931)
+            tolerances=MATMUL,
         ),
     ]
 
@@ -174,9 +123,14 @@ def cross_entropy() -> list[KernelSpec]:
 @hookimpl
 def moe_experts() -> list[KernelSpec]:
     return [
-        replace(_spec(
-            "moe_experts", "standard", "moe:moe_experts", MIN_LIGER["moe_experts"], _MOE_TOL,
+        _LIGER.spec(
+            "moe_experts", "standard", "moe:moe_experts",
             "Liger fused MoE (LigerFusedMoEFunction): Triton grouped GEMM with fused gather and SwiGLU",
+            # LigerFusedMoEFunction appeared in 0.8.0; int32 overflow fix (#1248) in 0.8.1; the dx
+            # backward miscompile fix (separate gate/up accumulators) in 0.8.3.
+            requires=("liger-kernel>=0.8.3",),
             hardware=_CUDA_SM90,
-        ), parallel=("ep",))  # honours the -1 sentinel; E from gate_up_proj: runs expert-parallel
+            tolerances=_MOE_TOL,
+            parallel=("ep",),  # honours the -1 sentinel; E from gate_up_proj: runs expert-parallel
+        )
     ]

@@ -32,93 +32,52 @@ Every spec is named ``npu`` (VeOmni's values: ``rms_norm_implementation: npu``,
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import replace
-
 from veomni_ops.hookspecs import hookimpl
-from veomni_ops.spec import HardwareRequirement, KernelSpec, Tolerance
+from veomni_ops.spec import ELEMENTWISE, HardwareRequirement, KernelSpec, SpecDefaults, Tolerance
 
 #: The veomni-ops plugin API versions this backend is built for (docs/writing-a-backend.md,
 #: "The plugin API version"): outside it, discovery refuses the backend and says what to upgrade.
 VEOMNI_OPS_PLUGIN_API = ">=1.0,<2"
 
-NAME = "npu"
-PRIORITY = 20
-#: The plugin alone computes nothing: the kernels are torch-npu's, and torch-npu runs only on
-#: top of Ascend's CANN toolkit. The hint says all three (kernels/_npu.py says the same when
-#: the import fails).
-INSTALL_HINT = (
-    'pip install "veomni-ops[npu]", then Ascend\'s torch-npu built for your torch (pip install '
-    'torch-npu==<your torch version>, or pip install "veomni-npu[torch-npu]"), on a machine with an Ascend NPU '
-    "and the Ascend CANN toolkit installed and its environment sourced (source "
-    "/usr/local/Ascend/ascend-toolkit/set_env.sh): the npu kernels are torch-npu's, and torch-npu runs only on CANN"
+# Every kernel: device type npu, float32/bfloat16/float16, torch-npu>=2.1 unless said (README
+# "Versions" gives the reasons), float32 math inside (the CANN golden references upcast) and one
+# rounding to the input dtype at the end, the gradients likewise (ELEMENTWISE). The plugin alone
+# computes nothing: the kernels are torch-npu's, and torch-npu runs only on top of Ascend's CANN
+# toolkit. The hint says all three (kernels/_common.py says the same when the import fails).
+_NPU = SpecDefaults(
+    name="npu",
+    kernels="veomni_npu.kernels",
+    hardware=HardwareRequirement(("npu",)),
+    requires=("torch-npu>=2.1",),
+    supports_compile=False,
+    priority=20,
+    tolerances=ELEMENTWISE,
+    install_hint=(
+        'pip install "veomni-ops[npu]", then Ascend\'s torch-npu built for your torch (pip install '
+        'torch-npu==<your torch version>, or pip install "veomni-npu[torch-npu]"), on a machine with an Ascend NPU '
+        "and the Ascend CANN toolkit installed and its environment sourced (source "
+        "/usr/local/Ascend/ascend-toolkit/set_env.sh): the npu kernels are torch-npu's, and torch-npu runs only on CANN"
+    ),
 )
-DTYPES = ("float32", "bfloat16", "float16")
-_KERNELS = "veomni_npu.kernels"
 
-_NPU = HardwareRequirement(("npu",))
-
-#: torch-npu floor per adapter (README "Versions" gives the reasons).
-MIN_TORCH_NPU = {
-    "rms_norm": "2.1",
-    "rotary": "2.1",
-    "swiglu": "2.1",
-    "moe_experts": "2.7.1",
-}
-
-# float32 math inside the kernel (the CANN golden references upcast), one rounding to the
-# input dtype at the end; the gradients likewise.
-_ELEMENTWISE_TOL: Mapping[str, Tolerance] = {
-    "float32": Tolerance(1e-5, 1e-4),
-    "bfloat16": Tolerance(2e-2, 2e-2),
-    "float16": Tolerance(2e-3, 2e-3),
-}
 # Three roundings in the input dtype (the GEMM outputs and the activation), the weighted sum
 # over K routes inside npu_moe_token_unpermute at an undocumented precision, and float32
 # GEMMs that may run on the cube unit at reduced (HF32) precision: wider than elementwise.
-_MOE_TOL: Mapping[str, Tolerance] = {
-    "float32": Tolerance(5e-3, 5e-3),
-    "bfloat16": Tolerance(3e-2, 3e-2),
-    "float16": Tolerance(5e-3, 5e-3),
-}
-
-
-def _spec(
-    op: str,
-    variant: str,
-    factory: str,
-    tolerances: Mapping[str, Tolerance],
-    description: str,
-) -> KernelSpec:
-    return KernelSpec(
-        name=NAME,
-        op=op,
-        variant=variant,
-        factory=f"{_KERNELS}.{factory}",
-        hardware=_NPU,
-        requires=(f"torch-npu>={MIN_TORCH_NPU[op]}",),
-        supports_backward=True,
-        supports_compile=False,
-        dtypes=DTYPES,
-        priority=PRIORITY,
-        tolerances=dict(tolerances),
-        description=description,
-        install_hint=INSTALL_HINT,
-    )
+_MOE_TOL = {"float32": Tolerance(5e-3, 5e-3), "bfloat16": Tolerance(3e-2, 3e-2), "float16": Tolerance(5e-3, 5e-3)}
 
 
 @hookimpl
 def rms_norm() -> list[KernelSpec]:
     return [
-        _spec(
-            "rms_norm", "standard", "rms_norm:rms_norm_standard", _ELEMENTWISE_TOL,
+        _NPU.spec(
+            "rms_norm", "standard", "rms_norm:rms_norm_standard",
             "torch_npu.npu_rms_norm(x, w, eps): x * rstd * w in float32, one cast at the end (not run on an NPU)",
         ),
         # Exact to the contract: gamma = 1 + w formed in float32 (as the reference forms it),
         # and npu_rms_norm with a float32 gamma computes x * rstd * gamma in float32 and casts
         # once (CANN's golden reference); bf16/fp16 x with a float32 gamma is a documented pair.
-        _spec(
-            "rms_norm", "offset", "rms_norm:rms_norm_offset", _ELEMENTWISE_TOL,
+        _NPU.spec(
+            "rms_norm", "offset", "rms_norm:rms_norm_offset",
             "torch_npu.npu_rms_norm(x, 1 + w.float(), eps): x̂ * (1 + w) in float32, one cast (not run on an NPU)",
         ),
     ]
@@ -129,12 +88,12 @@ def rotary() -> list[KernelSpec]:
     # One adapter for both variants: R == D calls npu_rotary_mul on q and k; R < D on their
     # first R channels, then concatenates the untouched rest.
     return [
-        _spec(
-            "rotary", "full", "rotary:apply_rotary", _ELEMENTWISE_TOL,
+        _NPU.spec(
+            "rotary", "full", "rotary:apply_rotary",
             "torch_npu.npu_rotary_mul(x, cos, sin) 'half' mode = x*cos + rotate_half(x)*sin (not run on an NPU)",
         ),
-        _spec(
-            "rotary", "partial", "rotary:apply_rotary", _ELEMENTWISE_TOL,
+        _NPU.spec(
+            "rotary", "partial", "rotary:apply_rotary",
             "npu_rotary_mul on the first R channels, cat with the rest (one extra copy) (not run on an NPU)",
         ),
     ]
@@ -143,8 +102,8 @@ def rotary() -> list[KernelSpec]:
 @hookimpl
 def swiglu() -> list[KernelSpec]:
     return [
-        _spec(
-            "swiglu", "standard", "swiglu:silu_mul", _ELEMENTWISE_TOL,
+        _NPU.spec(
+            "swiglu", "standard", "swiglu:silu_mul",
             "torch_npu.npu_swiglu(cat(gate, up), dim=-1) = silu(first half) * second half; the cat is an extra "
             "copy (not run on an NPU)",
         )
@@ -154,9 +113,12 @@ def swiglu() -> list[KernelSpec]:
 @hookimpl
 def moe_experts() -> list[KernelSpec]:
     return [
-        replace(_spec(
-            "moe_experts", "standard", "moe:moe_experts", _MOE_TOL,
+        _NPU.spec(
+            "moe_experts", "standard", "moe:moe_experts",
             "npu_moe_token_permute + npu_grouped_matmul (gate_up) + npu_swiglu + npu_grouped_matmul (down) + "
             "npu_moe_token_unpermute, VeOmni's fused_npu path (not run on an NPU)",
-        ), parallel=("ep",))  # honours the -1 sentinel; E from gate_up_proj: runs expert-parallel
+            requires=("torch-npu>=2.7.1",),  # permute/unpermute autograd formulas: op-plugin 7.2.0
+            tolerances=_MOE_TOL,
+            parallel=("ep",),  # honours the -1 sentinel; E from gate_up_proj: runs expert-parallel
+        )
     ]

@@ -33,79 +33,39 @@ What is registered, and why each field has the value it has:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from veomni_ops.hookspecs import hookimpl
-from veomni_ops.spec import HardwareRequirement, KernelSpec, Tolerance
+from veomni_ops.spec import ELEMENTWISE, MATMUL, HardwareRequirement, KernelSpec, SpecDefaults
 
 #: The veomni-ops plugin API versions this backend is built for (docs/writing-a-backend.md,
 #: "The plugin API version"): outside it, discovery refuses the backend and says what to upgrade.
 VEOMNI_OPS_PLUGIN_API = ">=1.0,<2"
 
-NAME = "quack"
-PRIORITY = 25
-INSTALL_HINT = 'pip install "veomni-ops[quack]"'
-REQUIRES = ("quack-kernels>=0.6.5,<0.7", "nvidia-cutlass-dsl>=4.8.1")
-_KERNELS = "veomni_quack.kernels"
-
-_CUDA_SM90 = HardwareRequirement(("cuda",), min_capability=(9, 0))
-
-# float32 math inside the kernel, one rounding to the input dtype at the end (the standard
-# variant's contract rounds twice: at most about one more unit in the last place).
-_RMS_TOL: Mapping[str, Tolerance] = {
-    "float32": Tolerance(1e-5, 1e-4),
-    "bfloat16": Tolerance(2e-2, 2e-2),
-    "float16": Tolerance(2e-3, 2e-3),
-}
-# Loss: float32 per row from the input-dtype logits (as the reference); dlogits are
-# stored in the logits dtype.
-_CE_TOL: Mapping[str, Tolerance] = {
-    "float32": Tolerance(1e-5, 1e-4),
-    "bfloat16": Tolerance(2e-2, 2e-2),
-    "float16": Tolerance(2e-3, 2e-3),
-}
-# Logits from a 16-bit GEMM; dW sums over every token (float32 accumulator, one cast).
-_FLCE_TOL: Mapping[str, Tolerance] = {
-    "bfloat16": Tolerance(2e-2, 2e-2),
-    "float16": Tolerance(5e-3, 5e-3),
-}
-
-
-def _spec(
-    op: str,
-    variant: str,
-    factory: str,
-    tolerances: Mapping[str, Tolerance],
-    description: str,
-    dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16"),
-) -> KernelSpec:
-    return KernelSpec(
-        name=NAME,
-        op=op,
-        variant=variant,
-        factory=f"{_KERNELS}.{factory}",
-        hardware=_CUDA_SM90,
-        requires=REQUIRES,
-        supports_backward=True,
-        supports_compile=False,
-        dtypes=dtypes,
-        priority=PRIORITY,
-        tolerances=dict(tolerances),
-        description=description,
-        install_hint=INSTALL_HINT,
-    )
+# Every kernel: CUDA sm 9.0+, quack-kernels 0.6.5 with nvidia-cutlass-dsl 4.8.1, float32 math
+# inside and one rounding to the input dtype at the end (ELEMENTWISE; the standard norm's
+# contract rounds twice: at most about one more unit in the last place; the cross-entropy's
+# loss is float32 per row from the input-dtype logits, its dlogits stored in the logits dtype).
+_QUACK = SpecDefaults(
+    name="quack",
+    kernels="veomni_quack.kernels",
+    hardware=HardwareRequirement(("cuda",), min_capability=(9, 0)),
+    requires=("quack-kernels>=0.6.5,<0.7", "nvidia-cutlass-dsl>=4.8.1"),
+    supports_compile=False,
+    priority=25,
+    tolerances=ELEMENTWISE,
+    install_hint='pip install "veomni-ops[quack]"',
+)
 
 
 @hookimpl
 def rms_norm() -> list[KernelSpec]:
     return [
-        _spec(
-            "rms_norm", "standard", "rms_norm:rms_norm_standard", _RMS_TOL,
+        _QUACK.spec(
+            "rms_norm", "standard", "rms_norm:rms_norm_standard",
             "Quack RMSNorm (quack.rmsnorm.rmsnorm, weight_offset=0): x̂ * w in fp32, one cast; fp32 dW partials. "
             "H must be even when x or w is bf16/fp16 (Quack 0.6.5 cannot compile 16-bit copies: refused)",
         ),
-        _spec(
-            "rms_norm", "offset", "rms_norm:rms_norm_offset", _RMS_TOL,
+        _QUACK.spec(
+            "rms_norm", "offset", "rms_norm:rms_norm_offset",
             "Quack RMSNorm (quack.rmsnorm.rmsnorm, weight_offset=1.0): x̂ * (1 + w) in fp32, one cast. "
             "H must be even when x or w is bf16/fp16 (Quack 0.6.5 cannot compile 16-bit copies: refused)",
         ),
@@ -115,18 +75,20 @@ def rms_norm() -> list[KernelSpec]:
 @hookimpl
 def cross_entropy() -> list[KernelSpec]:
     return [
-        _spec(
-            "cross_entropy", "logits", "cross_entropy:cross_entropy_sum", _CE_TOL,
+        _QUACK.spec(
+            "cross_entropy", "logits", "cross_entropy:cross_entropy_sum",
             "Quack cross-entropy (quack.cross_entropy, fp32 per-row loss, reduction='sum'), out-of-place backward. "
             "Logits padded (one copy) when V is odd (16-bit) or Quack 0.6.5's cluster tiling would give NaN "
             "(sm 9.0 bf16: e.g. V = 151936, 152064, 100352)",
         ),
-        _spec(
-            "cross_entropy", "fused_linear", "linear_cross_entropy:fused_linear_cross_entropy_sum", _FLCE_TOL,
+        # Logits from a 16-bit GEMM; dW sums over every token (float32 accumulator, one cast).
+        _QUACK.spec(
+            "cross_entropy", "fused_linear", "linear_cross_entropy:fused_linear_cross_entropy_sum",
             "Quack chunked linear cross-entropy (quack.linear_cross_entropy), no bias, H/V multiples of 8. "
             "NOT YET RUN: registered, refuses at resolution with nvidia-cutlass-dsl 4.8.1 (H100, 2026-11-21): "
             "importing quack.linear_cross_entropy 0.6.5 raises \"TypeError: epilogue fn depends on "
             "<ContextVar name='_LOC_TRANSFORMS'> ... which has no fail-closed semantic key\"",
             dtypes=("bfloat16", "float16"),
+            tolerances=MATMUL,
         ),
     ]

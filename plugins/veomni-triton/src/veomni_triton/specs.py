@@ -7,71 +7,51 @@ stay light: it imports only ``veomni_ops`` (no torch, no Triton). The kernels ar
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from veomni_ops.hookspecs import hookimpl
-from veomni_ops.spec import HardwareRequirement, KernelSpec, Tolerance
+from veomni_ops.spec import ELEMENTWISE, HardwareRequirement, KernelSpec, SpecDefaults, Tolerance
 
 #: The veomni-ops plugin API versions this backend is built for (docs/writing-a-backend.md,
 #: "The plugin API version"): outside it, discovery refuses the backend and says what to upgrade.
 VEOMNI_OPS_PLUGIN_API = ">=1.0,<2"
 
-_CUDA_SM80 = HardwareRequirement(("cuda",), min_capability=(8, 0))
-_REQUIRES = ("triton>=3.0",)
-_INSTALL = 'pip install "veomni-ops[triton]"'
-_DTYPES = ("float32", "bfloat16", "float16")
-_KERNELS = "veomni_triton.kernels"
-
-# fp32 math inside every kernel, one rounding to the input dtype at the end (two for the
-# standard norm: the contract casts x̂ before the weight multiply).
-_ELEMENTWISE_TOL = {
-    "float32": Tolerance(1e-5, 1e-4),
-    "bfloat16": Tolerance(2e-2, 2e-2),
-    "float16": Tolerance(2e-3, 2e-3),
-}
-
-
-def _spec(name: str, op: str, variant: str, factory: str, description: str, priority: int = 30) -> KernelSpec:
-    return KernelSpec(
-        name=name,
-        op=op,
-        variant=variant,
-        factory=f"{_KERNELS}.{factory}",
-        hardware=_CUDA_SM80,
-        requires=_REQUIRES,
-        supports_backward=True,
-        supports_compile=True,
-        dtypes=_DTYPES,
-        priority=priority,
-        tolerances=_ELEMENTWISE_TOL,
-        description=description,
-        install_hint=_INSTALL,
-    )
+# Every kernel: CUDA sm80+ (tl.dot on bf16 needs sm80; nothing here needs sm90, wgmma is used
+# when present), float32/bfloat16/float16, fp32 math inside, one rounding to the input dtype
+# at the end (two for the standard norm: the contract casts x̂ before the weight multiply).
+_TRITON = SpecDefaults(
+    name="triton",
+    kernels="veomni_triton.kernels",
+    hardware=HardwareRequirement(("cuda",), min_capability=(8, 0)),
+    requires=("triton>=3.0",),
+    supports_compile=True,
+    priority=30,
+    tolerances=ELEMENTWISE,
+    install_hint='pip install "veomni-ops[triton]"',
+)
 
 
 @hookimpl
 def rms_norm() -> list[KernelSpec]:
     return [
-        _spec(
-            "triton", "rms_norm", "standard", "rms_norm:rms_norm_standard",
+        _TRITON.spec(
+            "rms_norm", "standard", "rms_norm:rms_norm_standard",
             "Triton RMSNorm, w * cast(x̂): one row per program, fp32 rstd saved, 2-kernel deterministic backward",
         ),
-        _spec(
-            "triton", "rms_norm", "offset", "rms_norm:rms_norm_offset",
+        _TRITON.spec(
+            "rms_norm", "offset", "rms_norm:rms_norm_offset",
             "Triton RMSNorm, cast(x̂ * (1 + w)) in fp32: one row per program, 2-kernel deterministic backward",
         ),
         # Batch-invariant: the block configuration depends on the hidden size only, so a row's
         # output is bitwise the same whatever the number of rows. Ranked below `triton` so that
         # `auto` never picks it; ask for it by name.
-        _spec(
-            "triton_batch_invariant", "rms_norm", "standard", "rms_norm:rms_norm_standard_batch_invariant",
+        _TRITON.spec(
+            "rms_norm", "standard", "rms_norm:rms_norm_standard_batch_invariant",
             "Triton RMSNorm (standard), batch-invariant forward: row result independent of batch size",
-            priority=25,
+            name="triton_batch_invariant", priority=25,
         ),
-        _spec(
-            "triton_batch_invariant", "rms_norm", "offset", "rms_norm:rms_norm_offset_batch_invariant",
+        _TRITON.spec(
+            "rms_norm", "offset", "rms_norm:rms_norm_offset_batch_invariant",
             "Triton RMSNorm (offset), batch-invariant forward: row result independent of batch size",
-            priority=25,
+            name="triton_batch_invariant", priority=25,
         ),
     ]
 
@@ -80,16 +60,16 @@ def rms_norm() -> list[KernelSpec]:
 def rotary() -> list[KernelSpec]:
     desc = "Triton RoPE: q and k in one launch, cos/sin read once per position, strided q/k without copies"
     return [
-        _spec("triton", "rotary", "full", "rotary:apply_rotary", desc),
-        _spec("triton", "rotary", "partial", "rotary:apply_rotary", desc + "; first R channels rotated"),
+        _TRITON.spec("rotary", "full", "rotary:apply_rotary", desc),
+        _TRITON.spec("rotary", "partial", "rotary:apply_rotary", desc + "; first R channels rotated"),
     ]
 
 
 @hookimpl
 def swiglu() -> list[KernelSpec]:
     return [
-        _spec(
-            "triton", "swiglu", "standard", "swiglu:silu_mul",
+        _TRITON.spec(
+            "swiglu", "standard", "swiglu:silu_mul",
             "Triton silu(gate) * up: fused forward, one fused backward kernel (recomputes silu)",
         ),
     ]
@@ -98,62 +78,37 @@ def swiglu() -> list[KernelSpec]:
 # MoE grouped GEMMs accumulate in fp32 but round the intermediates (g, u, silu(g)*u, d[g|u])
 # to the operand dtype once each, as the eager loop does; weight gradients sum one term per
 # routed token, so their absolute error grows with the tokens per expert (tests scale atol).
-_MOE_TOL = {
-    "float32": Tolerance(1e-4, 1e-4),
-    "bfloat16": Tolerance(2e-2, 2e-2),
-    "float16": Tolerance(3e-3, 3e-3),
-}
+_MOE_TOL = {"float32": Tolerance(1e-4, 1e-4), "bfloat16": Tolerance(2e-2, 2e-2), "float16": Tolerance(3e-3, 3e-3)}
 
 # The loss is fp32 whatever the logits' dtype (fp32 softmax and sums); the logits' gradients
 # come back in the logits' dtype. float32 is held to (1e-5, 1e-4) with no allowance: the
 # backward centres its coefficients (kernels/load_balancing.py), and the conformance kit's
 # full cases on an H100 (seed 20261121) measure 0.023 / 0.037 / 0.017 of it for the worst
 # float32 gradient (0.041 on the CPU interpreter); uncentred they were 2.35 / 2.02 / 1.40.
-_LBL_TOL = {
-    "float32": Tolerance(1e-5, 1e-4),
-    "bfloat16": Tolerance(1e-3, 1e-2),
-    "float16": Tolerance(1e-4, 2e-3),
-}
-
-
-def _spec_tol(op: str, factory: str, description: str, tolerances: dict) -> KernelSpec:
-    return KernelSpec(
-        name="triton",
-        op=op,
-        variant="standard",
-        factory=f"{_KERNELS}.{factory}",
-        hardware=_CUDA_SM80,  # tl.dot on bf16 needs sm80; nothing here needs sm90 (wgmma is used when present)
-        requires=_REQUIRES,
-        supports_backward=True,
-        supports_compile=True,
-        dtypes=_DTYPES,
-        priority=30,
-        tolerances=tolerances,
-        description=description,
-        install_hint=_INSTALL,
-    )
+_LBL_TOL = {"float32": Tolerance(1e-5, 1e-4), "bfloat16": Tolerance(1e-3, 1e-2), "float16": Tolerance(1e-4, 2e-3)}
 
 
 @hookimpl
 def moe_experts() -> list[KernelSpec]:
     return [
-        replace(_spec_tol(
-            "moe_experts", "moe:moe_experts",
+        _TRITON.spec(
+            "moe_experts", "standard", "moe:moe_experts",
             "Triton grouped GEMMs over expert-sorted routes: token rows gathered in the GEMM (no copy), fused "
             "SiLU·up epilogue, deterministic per-route combine (no atomics), no host sync; grouped-GEMM backward",
-            _MOE_TOL,
-        ), parallel=("ep",))  # honours the -1 sentinel; E from gate_up_proj: runs expert-parallel
+            tolerances=_MOE_TOL,
+            parallel=("ep",),  # honours the -1 sentinel; E from gate_up_proj: runs expert-parallel
+        )
     ]
 
 
 @hookimpl
 def load_balancing_loss() -> list[KernelSpec]:
     return [
-        _spec_tol(
-            "load_balancing_loss", "load_balancing:load_balancing_loss",
+        _TRITON.spec(
+            "load_balancing_loss", "standard", "load_balancing:load_balancing_loss",
             "Triton fused aux loss over all layers: logits read in place via a pointer table, fp32 softmax + "
             "top-k in registers, fixed-order reduction (bitwise reproducible), 2 launches fwd / 1 bwd",
-            _LBL_TOL,
+            tolerances=_LBL_TOL,
         )
     ]
 

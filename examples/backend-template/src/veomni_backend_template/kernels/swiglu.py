@@ -22,31 +22,12 @@ from __future__ import annotations
 
 import torch
 
-_FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+from ._common import CHECKS
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     # float32 math for half inputs; float64 stays float64 (so it can be gradchecked).
     return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _check(gate: torch.Tensor, up: torch.Tensor) -> None:
-    for name, t in (("gate", gate), ("up", up)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"swiglu 'template': {name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype not in _FLOATS:
-            raise TypeError(
-                f"swiglu 'template': {name} has dtype {t.dtype}; use float32, bfloat16, float16 or float64 "
-                f"(e.g. {name}.to(torch.bfloat16))"
-            )
-    if gate.shape != up.shape:
-        raise ValueError(
-            f"swiglu 'template': gate {tuple(gate.shape)} and up {tuple(up.shape)} must have the same shape [..., I]"
-        )
-    if gate.dtype != up.dtype:
-        raise TypeError(f"swiglu 'template': gate is {gate.dtype} but up is {up.dtype}; cast them to one dtype")
-    if gate.device != up.device:
-        raise ValueError(f"swiglu 'template': gate is on {gate.device} but up is on {up.device}; move them together")
 
 
 class _SiluMul(torch.autograd.Function):
@@ -73,5 +54,6 @@ class _SiluMul(torch.autograd.Function):
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` elementwise; any leading shape, any strides; differentiable."""
-    _check(gate, up)
+    # The contract's input checks are the core's (types, dtypes, one device, one dtype, one shape).
+    CHECKS.check_swiglu_inputs(gate, up)
     return _SiluMul.apply(gate, up)

@@ -25,15 +25,18 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from veomni_ops.kernels.checks import where
 
 from . import varlen as _v
-from ._backend import FlashBackend
+from ._common import FlashBackend
+
+_OP = "attention"
 
 _HALF = (torch.bfloat16, torch.float16)
 
 
 def _fail(backend: FlashBackend, what: str) -> ValueError:
-    return ValueError(f"{backend.name}: {what}")
+    return ValueError(f"{where(_OP, backend.name)}: {what}")
 
 
 def _as_int(x: Any) -> int:
@@ -47,7 +50,7 @@ def _check_inputs(backend: FlashBackend, query: torch.Tensor, key: torch.Tensor,
             raise _fail(backend, f"{n} must be a 4-D tensor [batch, heads, seq, head_dim], got {shape}")
     if query.dtype not in _HALF or key.dtype != query.dtype or value.dtype != query.dtype:
         raise TypeError(
-            f"{backend.name} takes bfloat16 or float16 query/key/value of one dtype, got "
+            f"{where(_OP, backend.name)}: query/key/value must be bfloat16 or float16, all of one dtype, got "
             f"{query.dtype}/{key.dtype}/{value.dtype}: load the model with dtype=torch.bfloat16 "
             "(or run it under torch.autocast), or use attn_implementation='sdpa' for float32"
         )

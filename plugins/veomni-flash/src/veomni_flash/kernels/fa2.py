@@ -7,7 +7,7 @@ reports. FA2 is the only generation with attention dropout (applied only while `
 
 from __future__ import annotations
 
-from ._backend import load_flash_backend
+from ._common import load_flash_backend
 from .attention import attention_function
 
 BACKEND = load_flash_backend(2)

@@ -7,7 +7,7 @@ reports. FA3 has no dropout: a non-zero dropout while training raises ValueError
 
 from __future__ import annotations
 
-from ._backend import load_flash_backend
+from ._common import load_flash_backend
 from .attention import attention_function
 
 BACKEND = load_flash_backend(3)

@@ -9,7 +9,7 @@ namespace package holding only ``cute``; only ``flash_attn.cute`` is used, so th
 
 from __future__ import annotations
 
-from ._backend import load_flash_backend
+from ._common import load_flash_backend
 from .attention import attention_function
 
 BACKEND = load_flash_backend(4)

@@ -58,14 +58,7 @@ from liger_kernel.ops.cross_entropy import cross_entropy_forward
 from liger_kernel.ops.fused_linear_cross_entropy import fused_linear_cross_entropy_forward
 from torch.autograd.graph import increment_version
 
-from ._checks import (
-    check_index_range,
-    check_integer,
-    check_kernel_dtype,
-    check_ndim,
-    check_same_device,
-    check_same_dtype,
-)
+from ._common import CHECKS
 
 _OP = "cross_entropy"
 
@@ -95,16 +88,6 @@ def _chunk_mem_const(n: int, hdim: int, vocab: int, itemsize: int, budget: int) 
         if tokens >= n:
             break
     return best
-
-
-def _check_labels(labels: torch.Tensor, n: int, vocab: int, ignore_index: int) -> None:
-    check_integer(labels, "labels", _OP)
-    check_ndim(labels, 1, "labels", _OP, "[N] (flatten it and shift it first)")
-    if labels.shape[0] != n:
-        raise ValueError(f"{_OP} (liger): labels has {labels.shape[0]} entries but there are {n} tokens; they must match")
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
-        raise TypeError(f"{_OP} (liger): ignore_index must be a Python int, got {ignore_index!r}")
-    check_index_range(labels, vocab, "labels", _OP, f"the vocabulary size V = {vocab}", ignore=ignore_index)
 
 
 def _zero_loss(*tensors: torch.Tensor | None) -> torch.Tensor:
@@ -143,11 +126,12 @@ def cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor, *, ignore_inde
     ``logits [N, V]`` (float32/bfloat16/float16), ``labels [N]`` (integer). When ``logits``
     requires grad, Liger overwrites it with its gradient during this call (module doc).
     """
-    check_kernel_dtype(logits, "logits", _OP)
-    check_ndim(logits, 2, "logits", _OP, "[N, V] (flatten leading dimensions with .view(-1, V))")
-    check_same_device(_OP, logits=logits, labels=labels)
+    CHECKS.check_float(logits, "logits", _OP)
+    CHECKS.check_ndim(logits, 2, "logits", _OP, "[N, V] (flatten leading dimensions with .view(-1, V))")
+    CHECKS.check_same_device(_OP, logits=logits, labels=labels)
     n, vocab = logits.shape
-    _check_labels(labels, n, vocab, ignore_index)
+    CHECKS.check_labels(labels, n, ignore_index)
+    CHECKS.check_label_values(labels, vocab, ignore_index)
     if n == 0:
         return _zero_loss(logits)
     need_grad = torch.is_grad_enabled() and logits.requires_grad
@@ -220,22 +204,8 @@ def fused_linear_cross_entropy_sum(
     ``hidden [N, H]``, ``weight [V, H]``, ``labels [N]``, ``bias [V]`` or None; one float dtype
     for hidden/weight/bias. Returns a float32 scalar.
     """
-    check_kernel_dtype(hidden, "hidden", _OP)
-    check_kernel_dtype(weight, "weight", _OP)
-    check_ndim(hidden, 2, "hidden", _OP, "[N, H] (flatten leading dimensions with .view(-1, H))")
-    check_ndim(weight, 2, "weight", _OP, "[V, H] (the lm_head weight)")
-    if weight.shape[1] != hidden.shape[1]:
-        raise ValueError(
-            f"{_OP} (liger): weight {tuple(weight.shape)} must be [V, H] with H = hidden.shape[1] = {hidden.shape[1]}"
-        )
-    if bias is not None:
-        check_kernel_dtype(bias, "bias", _OP)
-        if bias.dim() != 1 or bias.shape[0] != weight.shape[0]:
-            raise ValueError(f"{_OP} (liger): bias must have shape [V] = [{weight.shape[0]}], got {tuple(bias.shape)}")
-    check_same_dtype(_OP, hidden=hidden, weight=weight, bias=bias)
-    check_same_device(_OP, hidden=hidden, weight=weight, labels=labels, bias=bias)
+    CHECKS.check_linear_cross_entropy_inputs(hidden, weight, labels, bias, ignore_index)
     n = hidden.shape[0]
-    _check_labels(labels, n, weight.shape[0], ignore_index)
     if n == 0:
         return _zero_loss(hidden, weight, bias)
     grad_on = torch.is_grad_enabled()

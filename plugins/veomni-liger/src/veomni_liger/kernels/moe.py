@@ -27,30 +27,13 @@ from __future__ import annotations
 
 import torch
 from liger_kernel.ops.fused_moe import LigerFusedMoEFunction
-from veomni_ops.kernels.moe import check_expert_index, check_moe_inputs, routed
+from veomni_ops.kernels.moe import routed
 
-from ._checks import BACKEND, check_integer, check_kernel_dtype
+from ._common import CHECKS
 
 _OP = "moe_experts"
 #: Liger stores the expert id in 16 bits and reserves 0xFFFF.
 MAX_EXPERTS = 0xFFFF
-
-
-def _check(
-    hidden_states: torch.Tensor,
-    top_k_index: torch.Tensor,
-    top_k_weights: torch.Tensor,
-    gate_up_proj: torch.Tensor,
-    down_proj: torch.Tensor,
-) -> None:
-    # The contract's checks are the core's; Liger narrows the dtypes (no float64).
-    _, _, e, _, _ = check_moe_inputs(
-        hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj,
-        backend=BACKEND, float_check=check_kernel_dtype, integer_check=check_integer,
-    )
-    if e >= MAX_EXPERTS:
-        raise ValueError(f"{_OP} ({BACKEND}): {e} experts; Liger's routing supports at most {MAX_EXPERTS - 1}")
-    check_expert_index(top_k_index, e, backend=BACKEND, always=True)
 
 
 def moe_experts(
@@ -65,7 +48,11 @@ def moe_experts(
     ``hidden_states [T, H]``, ``top_k_index [T, K]`` (integer), ``top_k_weights [T, K]``,
     ``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``; returns ``[T, H]`` in the hidden dtype.
     """
-    _check(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj)
+    # The contract's checks are the core's; Liger narrows the dtypes (no float64).
+    _, _, e, _, _ = CHECKS.check_moe_inputs(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj)
+    if e >= MAX_EXPERTS:
+        raise ValueError(f"{_OP} (liger): {e} experts; Liger's routing supports at most {MAX_EXPERTS - 1}")
+    CHECKS.check_expert_index(top_k_index, e, always=True)
     valid = routed(top_k_index, gate_up_proj.shape[0])
     # Sentinel routes (-1, E) -> expert 0 with weight 0. Liger's routing kernels read int32
     # indices; [T, K] is small.

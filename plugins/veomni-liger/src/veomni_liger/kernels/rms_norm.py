@@ -32,7 +32,7 @@ except ImportError:  # torch built without distributed support
     pass
 from liger_kernel.ops.rms_norm import LigerRMSNormFunction
 
-from ._checks import check_kernel_dtype, check_same_device
+from ._common import CHECKS
 
 _OP = "rms_norm"
 #: Liger processes a row in one Triton block; its block size is capped at 65536 elements.
@@ -40,24 +40,13 @@ MAX_HIDDEN = 65536
 
 
 def _check(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
-    check_kernel_dtype(hidden_states, "hidden_states", _OP)
-    check_kernel_dtype(weight, "weight", _OP)
-    check_same_device(_OP, hidden_states=hidden_states, weight=weight)
-    if hidden_states.dim() < 1:
-        raise ValueError(f"{_OP} (liger): hidden_states must have at least one dimension [..., H], got a scalar")
+    CHECKS.check_rms_norm_inputs(hidden_states, weight, eps)
     h = hidden_states.shape[-1]
-    if weight.dim() != 1 or weight.shape[0] != h:
-        raise ValueError(
-            f"{_OP} (liger): weight must have shape [H] = [{h}] (the last dimension of hidden_states "
-            f"{tuple(hidden_states.shape)}), got {tuple(weight.shape)}"
-        )
     if h > MAX_HIDDEN:
         raise ValueError(
             f"{_OP} (liger): hidden size {h} is above Liger's limit of {MAX_HIDDEN} elements per row; "
             "use another rms_norm kernel (e.g. 'eager') for this model"
         )
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps < 0:
-        raise ValueError(f"{_OP} (liger): eps must be a non-negative Python float, got {eps!r}")
 
 
 def rms_norm_standard(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

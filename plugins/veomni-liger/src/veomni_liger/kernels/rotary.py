@@ -36,9 +36,8 @@ import inspect
 
 import torch
 from liger_kernel.ops.rope import rope_backward, rope_forward
-from veomni_ops.kernels.rotary import check_rotary_inputs
 
-from ._checks import BACKEND, check_kernel_dtype
+from ._common import CHECKS
 
 _OP = "rotary"
 
@@ -47,7 +46,7 @@ SUPPORTS_PARTIAL = "rotary_dim" in inspect.signature(rope_forward).parameters
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> int:
-    return check_rotary_inputs(q, k, cos, sin, backend=BACKEND, float_check=check_kernel_dtype)
+    return CHECKS.check_rotary_inputs(q, k, cos, sin)
 
 
 def _private_bshd(x: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,7 @@ import torch
 from liger_kernel.ops.swiglu import swiglu_backward, swiglu_forward
 from torch.autograd.graph import increment_version
 
-from ._checks import check_kernel_dtype, check_same_device, check_same_dtype
+from ._common import CHECKS
 
 _OP = "swiglu"
 #: Liger processes a row in one Triton block (block size capped at 65536 elements).
@@ -60,14 +60,7 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
     Backward overwrites contiguous ``gate``/``up`` with their gradients (see the module doc).
     """
-    check_kernel_dtype(gate, "gate", _OP)
-    check_kernel_dtype(up, "up", _OP)
-    check_same_device(_OP, gate=gate, up=up)
-    check_same_dtype(_OP, gate=gate, up=up)
-    if gate.shape != up.shape:
-        raise ValueError(
-            f"{_OP} (liger): gate {tuple(gate.shape)} and up {tuple(up.shape)} must have the same shape [..., I]"
-        )
+    CHECKS.check_swiglu_inputs(gate, up)
     if gate.dim() < 1:
         raise ValueError(f"{_OP} (liger): gate and up must have at least one dimension [..., I], got scalars")
     if gate.shape[-1] > MAX_INTERMEDIATE:

@@ -39,9 +39,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from veomni_ops.kernels.moe import check_expert_index, check_moe_inputs, routed
+from veomni_ops.kernels.moe import routed
 
-from ._npu import BACKEND, check_integer, check_kernel_dtype, torch_npu
+from ._common import CHECKS, torch_npu
 
 _OP = "moe_experts"
 MAX_TOP_K = 512  # npu_moe_token_permute / unpermute: topK <= 512
@@ -86,10 +86,7 @@ def _check(
     down_proj: torch.Tensor,
 ) -> None:
     # The contract's checks are the core's; the NPU narrows dtypes and device type.
-    _, h, e, i, k = check_moe_inputs(
-        hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj,
-        backend=BACKEND, float_check=check_kernel_dtype, integer_check=check_integer,
-    )
+    _, h, e, i, k = CHECKS.check_moe_inputs(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj)
     two_i = 2 * i
     if not 1 <= k <= MAX_TOP_K:
         raise ValueError(f"{_OP} (npu): npu_moe_token_permute takes 1 to {MAX_TOP_K} routes per token, got K = {k}")
@@ -103,7 +100,7 @@ def _check(
             f"{_OP} (npu): npu_grouped_matmul needs the hidden size ({h}) and 2 x intermediate size ({two_i}) "
             f"below {INNER_LIMIT}; use another moe_implementation (e.g. 'eager') for this model"
         )
-    check_expert_index(top_k_index, e, backend=BACKEND)
+    CHECKS.check_expert_index(top_k_index, e)
 
 
 def moe_experts(

@@ -25,24 +25,9 @@ from __future__ import annotations
 
 import torch
 
-from ._npu import check_eps, check_kernel_dtype, check_same_device, torch_npu
+from ._common import CHECKS, torch_npu
 
 _OP = "rms_norm"
-
-
-def _check(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float) -> float:
-    check_kernel_dtype(hidden_states, "hidden_states", _OP)
-    check_kernel_dtype(weight, "weight", _OP)
-    check_same_device(_OP, hidden_states=hidden_states, weight=weight)
-    if hidden_states.dim() < 1:
-        raise ValueError(f"{_OP} (npu): hidden_states must have at least one dimension [..., H], got a scalar")
-    h = hidden_states.shape[-1]
-    if weight.dim() != 1 or weight.shape[0] != h:
-        raise ValueError(
-            f"{_OP} (npu): weight must have shape [H] = [{h}] (the last dimension of hidden_states "
-            f"{tuple(hidden_states.shape)}), got {tuple(weight.shape)}"
-        )
-    return check_eps(eps, _OP)
 
 
 def _npu_rms_norm(x: torch.Tensor, gamma: torch.Tensor, eps: float) -> torch.Tensor:
@@ -57,7 +42,7 @@ def rms_norm_standard(hidden_states: torch.Tensor, weight: torch.Tensor, eps: fl
 
     ``hidden_states [..., H]``, ``weight [H]``; returns ``hidden_states``' shape and dtype.
     """
-    eps = _check(hidden_states, weight, eps)
+    eps = CHECKS.check_rms_norm_inputs(hidden_states, weight, eps)
     gamma = weight if weight.dtype == hidden_states.dtype else weight.to(torch.float32)
     return _npu_rms_norm(hidden_states, gamma, eps)
 
@@ -67,6 +52,6 @@ def rms_norm_offset(hidden_states: torch.Tensor, weight: torch.Tensor, eps: floa
 
     ``hidden_states [..., H]``, ``weight [H]`` (stored as an offset from one, zeros at init).
     """
-    eps = _check(hidden_states, weight, eps)
+    eps = CHECKS.check_rms_norm_inputs(hidden_states, weight, eps)
     gamma = 1.0 + weight.to(torch.float32)
     return _npu_rms_norm(hidden_states, gamma, eps)

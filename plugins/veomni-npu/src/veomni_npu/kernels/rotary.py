@@ -22,9 +22,8 @@ the eager reference does), so the outputs keep q's and k's dtypes.
 from __future__ import annotations
 
 import torch
-from veomni_ops.kernels.rotary import check_rotary_inputs
 
-from ._npu import BACKEND, check_kernel_dtype, torch_npu
+from ._common import CHECKS, torch_npu
 
 _OP = "rotary"
 #: npu_rotary_mul limits from the torch_npu docs (jit_compile=False, Atlas A2/A3).
@@ -34,7 +33,7 @@ MAX_BN_WITH_COS_GRAD = 1024
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
-    r = check_rotary_inputs(q, k, cos, sin, backend=BACKEND, float_check=check_kernel_dtype)
+    r = CHECKS.check_rotary_inputs(q, k, cos, sin)
     b, _, _, d = q.shape
     if r >= MAX_HEAD_DIM:
         raise ValueError(

@@ -18,19 +18,14 @@ from __future__ import annotations
 
 import torch
 
-from ._npu import check_kernel_dtype, check_same_device, check_same_dtype, torch_npu
+from ._common import CHECKS, torch_npu
 
 _OP = "swiglu"
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` elementwise; ``gate`` and ``up`` have the same shape and dtype."""
-    check_kernel_dtype(gate, "gate", _OP)
-    check_kernel_dtype(up, "up", _OP)
-    check_same_device(_OP, gate=gate, up=up)
-    check_same_dtype(_OP, gate=gate, up=up)
-    if gate.shape != up.shape:
-        raise ValueError(f"{_OP} (npu): gate {tuple(gate.shape)} and up {tuple(up.shape)} must have the same shape [..., I]")
+    CHECKS.check_swiglu_inputs(gate, up)
     if gate.dim() < 1:
         raise ValueError(f"{_OP} (npu): gate and up must have at least one dimension [..., I], got scalars")
     if gate.numel() == 0:

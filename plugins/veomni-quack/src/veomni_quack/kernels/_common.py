@@ -1,4 +1,5 @@
-"""Shared pieces of the Quack adapters: importing Quack, input checks, layout fixes.
+"""The helpers the Quack adapters share: importing Quack, the core's input checks bound to
+this backend (:data:`CHECKS`), layout fixes.
 
 Quack compiles its CuTe kernels for *assumed* layouts (``quack.compile_utils.make_fake_tensor``):
 the last dimension has stride 1, every other stride is a multiple of ``div`` elements and
@@ -15,19 +16,21 @@ import math
 from types import ModuleType
 
 import torch
-from veomni_ops.kernels import checks
+from veomni_ops.kernels.checks import BackendChecks
 
 INSTALL_HINT = 'pip install "veomni-ops[quack]"'
 
 #: Versions every registered kernel has been written against (README "Versions").
 TESTED_WITH = "quack-kernels 0.6.5 with nvidia-cutlass-dsl 4.8.1"
 
-#: Device types the adapters accept. Quack's kernels are CUDA only; the unit tests widen
-#: this to run the adapters against a plain-torch stand-in of Quack on the CPU.
-DEVICE_TYPES: tuple[str, ...] = ("cuda",)
-
-#: dtypes Quack's row kernels accept (they assert on anything else, float64 included).
-KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+#: The core's checks for Quack's kernels: float32/bfloat16/float16 (they assert on anything
+#: else, float64 included), CUDA only. The unit tests widen ``CHECKS.device_types`` to run the
+#: adapters against a plain-torch stand-in of Quack on the CPU. Label ranges are checked always
+#: (one synchronisation): Quack's adapters synchronise anyway (why the specs say supports_compile=False).
+CHECKS = BackendChecks(
+    "quack", kernels="Quack's kernels", device_types=("cuda",), runs_on="CUDA GPUs (sm 9.0+)",
+    consequence="fix the labels (Quack would read out of bounds)",
+)
 
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
@@ -60,63 +63,12 @@ def _broken(module: str, e: BaseException) -> ImportError:
     )
 
 
-def check_tensor(x: object, name: str, op: str) -> torch.Tensor:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{op} (quack): {name} must be a torch.Tensor, got {type(x).__name__}")
-    return x
-
-
-def check_float(x: torch.Tensor, name: str, op: str) -> None:
-    check_tensor(x, name, op)
-    if x.dtype not in KERNEL_DTYPES:
-        raise TypeError(
-            f"{op} (quack): {name} has dtype {x.dtype}; Quack's kernels take float32, bfloat16 or float16 "
-            f"(cast it, or use the 'eager' kernel for float64)"
-        )
-
-
-def check_device(op: str, **tensors: torch.Tensor | None) -> None:
-    devices = {n: t.device for n, t in tensors.items() if t is not None}
-    if len(set(devices.values())) > 1:
-        listing = ", ".join(f"{n} on {d}" for n, d in devices.items())
-        raise ValueError(f"{op} (quack): inputs are on different devices ({listing}); move them to one device")
-    for n, d in devices.items():
-        if d.type not in DEVICE_TYPES:
-            raise ValueError(
-                f"{op} (quack): {n} is on {d}, but Quack's kernels run on CUDA GPUs only (sm 9.0+); "
-                "move the inputs to the GPU or choose another kernel"
-            )
-
-
-def check_labels(labels: object, n: int, ignore_index: object, op: str) -> torch.Tensor:
-    """Labels ``[N]`` of an integer dtype; returned as int32/int64 (what Quack reads)."""
-    check_tensor(labels, "labels", op)
-    if labels.dtype.is_floating_point or labels.dtype.is_complex or labels.dtype == torch.bool:
-        raise TypeError(f"{op} (quack): labels has dtype {labels.dtype}; it must be an integer tensor (labels.long())")
-    if labels.dim() != 1:
-        raise ValueError(f"{op} (quack): labels must be 1-D [N] (flatten and shift it first), got {tuple(labels.shape)}")
-    if labels.shape[0] != n:
-        raise ValueError(f"{op} (quack): labels has {labels.shape[0]} entries but there are {n} tokens; they must match")
-    if not isinstance(ignore_index, int) or isinstance(ignore_index, bool):
-        raise TypeError(f"{op} (quack): ignore_index must be a Python int, got {ignore_index!r}")
+def quack_labels(labels: torch.Tensor, ignore_index: int, op: str) -> torch.Tensor:
+    """Checked labels (:meth:`~veomni_ops.kernels.checks.BackendChecks.check_labels`) as Quack reads
+    them: int32 or int64, with an ``ignore_index`` that fits in int32 (Quack compares in int32)."""
     if not _INT32_MIN <= ignore_index <= _INT32_MAX:
         raise ValueError(f"{op} (quack): ignore_index {ignore_index} does not fit in int32 (Quack compares in int32)")
-    if labels.dtype not in (torch.int32, torch.int64):
-        labels = labels.long()
-    return labels
-
-
-def check_label_range(labels: torch.Tensor, vocab: int, ignore_index: int, op: str) -> None:
-    """Labels outside ``[0, V)`` other than ``ignore_index`` would make Quack read out of bounds.
-
-    The core's check (:func:`veomni_ops.kernels.checks.check_index_range`): one reduction and
-    one device-to-host synchronisation per call, always -- Quack's adapters synchronise anyway
-    (why the specs say supports_compile=False). The message names the op and the label.
-    """
-    checks.check_index_range(
-        labels, vocab, "labels", op, f"the vocabulary size V = {vocab}", ignore=ignore_index, backend="quack",
-        consequence="fix the labels (Quack would read out of bounds)",
-    )
+    return labels if labels.dtype in (torch.int32, torch.int64) else labels.long()
 
 
 def layout_div(n: int, *tensors: torch.Tensor | None) -> int:

@@ -53,12 +53,10 @@ import torch
 import torch.nn.functional as F
 
 from ._common import (
-    check_device,
-    check_float,
-    check_label_range,
-    check_labels,
+    CHECKS,
     import_quack,
     layout_div,
+    quack_labels,
     to_layout,
 )
 
@@ -69,21 +67,18 @@ _OP = "cross_entropy"
 
 def cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor, *, ignore_index: int = -100) -> torch.Tensor:
     """``sum_i CE(logits_i, labels_i)`` over ``labels_i != ignore_index``, float32 scalar."""
-    check_float(logits, "logits", _OP)
-    if logits.dim() != 2:
-        raise ValueError(
-            f"{_OP} (quack): logits must be 2-D [N, V] (flatten leading dimensions with .view(-1, V)), "
-            f"got {tuple(logits.shape)}"
-        )
+    CHECKS.check_float(logits, "logits", _OP)
+    CHECKS.check_ndim(logits, 2, "logits", _OP, "[N, V] (flatten leading dimensions with .view(-1, V))")
     n, vocab = logits.shape
-    labels = check_labels(labels, n, ignore_index, _OP)
-    check_device(_OP, logits=logits, labels=labels)
+    CHECKS.check_labels(labels, n, ignore_index)
+    labels = quack_labels(labels, ignore_index, _OP)
+    CHECKS.check_same_device(_OP, logits=logits, labels=labels)
     if vocab < 1:
         raise ValueError(f"{_OP} (quack): logits has an empty vocabulary dimension {tuple(logits.shape)}")
     if n == 0:
         # An empty sum, still connected to the graph so backward gives (empty) zeros.
         return logits.sum(dtype=torch.float32) * 0.0
-    check_label_range(labels, vocab, ignore_index, _OP)
+    CHECKS.check_label_values(labels, vocab, ignore_index)
     bits = logits.element_size() * 8
     padded = padded_vocab(vocab, bits, arch_major(logits.device), logits.dtype)
     if padded != vocab:

@@ -34,14 +34,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._common import (
-    check_device,
-    check_float,
-    check_label_range,
-    check_labels,
-    import_quack,
-    to_layout,
-)
+from ._common import CHECKS, import_quack, quack_labels, to_layout
 
 _lce = import_quack("quack.linear_cross_entropy")
 _quack_chunked_lce = _lce.chunked_linear_cross_entropy
@@ -76,18 +69,7 @@ class _BackwardOnce(torch.autograd.Function):
 
 
 def _check(hidden, weight, labels, bias, ignore_index) -> torch.Tensor:
-    check_float(hidden, "hidden", _OP)
-    check_float(weight, "weight", _OP)
-    if hidden.dim() != 2:
-        raise ValueError(f"{_OP} (quack): hidden must be 2-D [N, H] (flatten with .view(-1, H)), got {tuple(hidden.shape)}")
-    if weight.dim() != 2 or weight.shape[1] != hidden.shape[1]:
-        raise ValueError(
-            f"{_OP} (quack): weight {tuple(weight.shape)} must be [V, H] with H = hidden.shape[1] = {hidden.shape[1]}"
-        )
-    if hidden.dtype != weight.dtype:
-        raise TypeError(
-            f"{_OP} (quack): hidden ({hidden.dtype}) and weight ({weight.dtype}) must have the same dtype; cast one"
-        )
+    CHECKS.check_linear_cross_entropy_inputs(hidden, weight, labels, bias, ignore_index)
     if hidden.dtype not in DTYPES:
         raise TypeError(
             f"{_OP} (quack fused_linear): dtype {hidden.dtype} is not supported here (bfloat16 and float16 only); "
@@ -98,8 +80,7 @@ def _check(hidden, weight, labels, bias, ignore_index) -> torch.Tensor:
             f"{_OP} (quack fused_linear): Quack's linear cross-entropy has no bias; this lm_head has one. "
             "Use the 'chunked' or 'liger' kernel for a biased lm_head"
         )
-    labels = check_labels(labels, hidden.shape[0], ignore_index, _OP)
-    check_device(_OP, hidden=hidden, weight=weight, labels=labels)
+    labels = quack_labels(labels, ignore_index, _OP)
     h, vocab = hidden.shape[1], weight.shape[0]
     if h % ALIGN or vocab % ALIGN:
         raise ValueError(
@@ -123,7 +104,6 @@ def fused_linear_cross_entropy_sum(
     if n == 0:
         # No tokens: an empty sum, connected to the graph so backward yields zeros.
         return (hidden.sum() * 0 + weight.sum() * 0).float()
-    check_label_range(labels, weight.shape[0], ignore_index, _OP)
     pad = -n % ALIGN
     x = hidden
     if pad:

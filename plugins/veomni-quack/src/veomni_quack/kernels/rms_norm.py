@@ -30,7 +30,7 @@ import math
 
 import torch
 
-from ._common import check_device, check_float, import_quack, layout_div, to_layout
+from ._common import CHECKS, import_quack, layout_div, to_layout
 
 _quack_rmsnorm = import_quack("quack.rmsnorm").rmsnorm
 
@@ -38,17 +38,10 @@ _OP = "rms_norm"
 
 
 def _check(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
-    check_float(hidden_states, "hidden_states", _OP)
-    check_float(weight, "weight", _OP)
-    check_device(_OP, hidden_states=hidden_states, weight=weight)
-    if hidden_states.dim() < 1 or hidden_states.shape[-1] < 1:
-        raise ValueError(f"{_OP} (quack): hidden_states must be [..., H] with H >= 1, got {tuple(hidden_states.shape)}")
+    CHECKS.check_rms_norm_inputs(hidden_states, weight, eps)
     h = hidden_states.shape[-1]
-    if weight.dim() != 1 or weight.shape[0] != h:
-        raise ValueError(
-            f"{_OP} (quack): weight must have shape [H] = [{h}] (the last dimension of hidden_states "
-            f"{tuple(hidden_states.shape)}), got {tuple(weight.shape)}"
-        )
+    if h < 1:
+        raise ValueError(f"{_OP} (quack): hidden_states must be [..., H] with H >= 1, got {tuple(hidden_states.shape)}")
     widest = max(hidden_states.element_size(), weight.element_size())
     narrowest = min(hidden_states.element_size(), weight.element_size())
     if math.gcd(h, 16 // widest) * narrowest < 4:
@@ -58,8 +51,6 @@ def _check(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float) -> Non
             "i.e. 2 elements of a 16-bit dtype; CuTe: \"'cp_size' only supports (32, 64, 128), but got 16\"). "
             "Choose another rms_norm kernel for this model (e.g. 'triton' or 'eager')"
         )
-    if isinstance(eps, torch.Tensor) or not isinstance(eps, (int, float)) or isinstance(eps, bool) or eps < 0:
-        raise ValueError(f"{_OP} (quack): eps must be a non-negative Python float, got {eps!r}")
 
 
 def _run(hidden_states: torch.Tensor, weight: torch.Tensor, eps: float, weight_offset: float) -> torch.Tensor:

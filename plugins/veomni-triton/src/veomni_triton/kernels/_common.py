@@ -1,4 +1,6 @@
-"""Shared helpers of the Triton kernels: device checks, launch heuristics, input validation."""
+"""The helpers the Triton kernels share: the core's input checks bound to this backend
+(:data:`CHECKS`), the device check (CUDA, or the CPU under ``TRITON_INTERPRET=1``), launch
+heuristics."""
 
 from __future__ import annotations
 
@@ -7,8 +9,11 @@ import os
 
 import torch
 import triton
+from veomni_ops.kernels.checks import BackendChecks, check_same_device, where
 
-_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+#: The core's checks for these kernels: float32/bfloat16/float16 (no float64).
+CHECKS = BackendChecks("triton", kernels="veomni-triton's kernels")
+_FLOAT_DTYPES = CHECKS.dtypes
 
 
 def interpreter_active() -> bool:
@@ -35,15 +40,10 @@ def _read_interpret_flag() -> bool:
 _INTERPRET_AT_IMPORT = _read_interpret_flag()
 
 
-def check_device(op: str, *tensors: torch.Tensor) -> torch.device:
-    """All tensors on one device, and a device these kernels can run on; returns it."""
-    dev = tensors[0].device
-    for t in tensors[1:]:
-        if t.device != dev:
-            raise ValueError(
-                f"veomni_triton {op}: all tensors must be on one device, got {dev} and {t.device}; "
-                "move them to the same device"
-            )
+def check_device(op: str, **tensors: torch.Tensor | None) -> torch.device:
+    """All tensors (``None`` skipped) on one device, and a device these kernels can run on; returns it."""
+    check_same_device(op, backend=CHECKS.backend, **tensors)
+    dev = next(t for t in tensors.values() if t is not None).device
     if dev.type == "cuda":
         # Under TRITON_INTERPRET=1 CUDA tensors still work (the interpreter copies them to the
         # host and back, very slowly): that is Triton's debugging mode, chosen explicitly.
@@ -51,23 +51,15 @@ def check_device(op: str, *tensors: torch.Tensor) -> torch.device:
     if dev.type == "cpu":
         if not interpreter_active():
             raise RuntimeError(
-                f"veomni_triton {op}: got CPU tensors, but these are Triton GPU kernels (CUDA, sm80+). Move the "
-                "tensors to a CUDA device, or, to test on a CPU, set TRITON_INTERPRET=1 before importing "
+                f"{where(op, CHECKS.backend)}: got CPU tensors, but these are Triton GPU kernels (CUDA, sm80+). Move "
+                "the tensors to a CUDA device, or, to test on a CPU, set TRITON_INTERPRET=1 before importing "
                 "veomni_triton.kernels (Triton fixes the mode when the kernels are defined)"
             )
         return dev
     raise RuntimeError(
-        f"veomni_triton {op}: device {dev} is not supported; these Triton kernels run on CUDA (sm80+) "
+        f"{where(op, CHECKS.backend)}: device {dev} is not supported; these Triton kernels run on CUDA (sm80+) "
         "(or on the CPU under TRITON_INTERPRET=1 for testing)"
     )
-
-
-def check_float(op: str, name: str, t: torch.Tensor) -> None:
-    if t.dtype not in _FLOAT_DTYPES:
-        raise TypeError(
-            f"veomni_triton {op}: {name} has dtype {t.dtype}; supported: float32, bfloat16, float16 "
-            f"(cast it, e.g. {name}.to(torch.bfloat16))"
-        )
 
 
 def num_sms(device: torch.device) -> int:
@@ -154,7 +146,7 @@ def launch(index: int, kernel, grid: tuple, *args, **meta) -> None:
 def check_tensors(op: str, names: tuple[str, ...], tensors: tuple[torch.Tensor, ...]) -> int:
     """Every tensor a float tensor on one device these kernels run on; returns the device index
     (``get_device()``: -1 for the CPU). A handful of attribute reads on the good path; the
-    detailed messages come from :func:`check_device` / :func:`check_float` on the bad one."""
+    detailed messages come from :data:`CHECKS` and :func:`check_device` on the bad one."""
     try:
         index = tensors[0].get_device()
         for t in tensors:
@@ -173,11 +165,10 @@ def check_tensors(op: str, names: tuple[str, ...], tensors: tuple[torch.Tensor, 
     except AttributeError:
         pass
     for name, t in zip(names, tensors):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"veomni_triton {op}: {name} must be a tensor, got {type(t).__name__}")
+        CHECKS.check_tensor(t, name, op)
     for name, t in zip(names, tensors):
-        check_float(op, name, t)
-    check_device(op, *tensors)
+        CHECKS.check_float(t, name, op)
+    check_device(op, **dict(zip(names, tensors)))
     raise AssertionError("unreachable: check_device accepts what the fast path accepted")
 
 

@@ -51,7 +51,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import check_device, check_float, interpreter_active, next_pow2, num_sms
+from ._common import CHECKS, check_device, interpreter_active, next_pow2, num_sms
 
 _OP = "load_balancing_loss"
 
@@ -396,46 +396,45 @@ def load_balancing_loss(
     if isinstance(gate_logits, torch.Tensor):
         if gate_logits.dim() != 3:
             raise ValueError(
-                f"veomni_triton {_OP}: gate_logits as one tensor must be [L, T, E], got {tuple(gate_logits.shape)}"
+                f"{_OP} (triton): gate_logits as one tensor must be [L, T, E], got {tuple(gate_logits.shape)}"
             )
         gate_logits = list(gate_logits.unbind(0))
     if not isinstance(gate_logits, (list, tuple)) or not gate_logits:
         raise TypeError(
-            f"veomni_triton {_OP}: gate_logits must be a non-empty sequence of [T, E] tensors (one per MoE layer), "
+            f"{_OP} (triton): gate_logits must be a non-empty sequence of [T, E] tensors (one per MoE layer), "
             f"got {type(gate_logits).__name__}"
         )
     logits = list(gate_logits)
     for i, x in enumerate(logits):
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"veomni_triton {_OP}: gate_logits[{i}] is a {type(x).__name__}, not a tensor")
-    check_device(_OP, *logits, *((attention_mask,) if attention_mask is not None else ()))
+        CHECKS.check_tensor(x, f"gate_logits[{i}]", _OP)
+    check_device(_OP, **{f"gate_logits[{i}]": x for i, x in enumerate(logits)}, attention_mask=attention_mask)
     first = logits[0]
-    check_float(_OP, "gate_logits[0]", first)
+    CHECKS.check_float(first, "gate_logits[0]", _OP)
     if first.dim() != 2:
-        raise ValueError(f"veomni_triton {_OP}: each gate_logits tensor must be [T, E], got {tuple(first.shape)}")
+        raise ValueError(f"{_OP} (triton): each gate_logits tensor must be [T, E], got {tuple(first.shape)}")
     for i, x in enumerate(logits):
         if x.shape != first.shape or x.dtype != first.dtype:
             raise ValueError(
-                f"veomni_triton {_OP}: gate_logits[{i}] is {tuple(x.shape)} {x.dtype} but gate_logits[0] is "
+                f"{_OP} (triton): gate_logits[{i}] is {tuple(x.shape)} {x.dtype} but gate_logits[0] is "
                 f"{tuple(first.shape)} {first.dtype}; every layer must give [T, E] logits of one dtype"
             )
     if first.device.type == "cuda" and interpreter_active():
         raise RuntimeError(
-            f"veomni_triton {_OP}: reads the layers through a table of device addresses, which Triton's interpreter "
+            f"{_OP} (triton): reads the layers through a table of device addresses, which Triton's interpreter "
             "cannot follow for CUDA tensors; unset TRITON_INTERPRET, or move the logits to the CPU to debug"
         )
     t, e = first.shape
     if not isinstance(num_experts, int) or num_experts != e:
-        raise ValueError(f"veomni_triton {_OP}: num_experts={num_experts!r} but the logits have {e} experts")
+        raise ValueError(f"{_OP} (triton): num_experts={num_experts!r} but the logits have {e} experts")
     if e > 1024:
-        raise ValueError(f"veomni_triton {_OP}: {e} experts is more than this kernel holds in registers (1024)")
+        raise ValueError(f"{_OP} (triton): {e} experts is more than this kernel holds in registers (1024)")
     if not isinstance(top_k, int) or not 1 <= top_k <= e:
-        raise ValueError(f"veomni_triton {_OP}: top_k={top_k!r} must be an int in [1, num_experts={e}]")
+        raise ValueError(f"{_OP} (triton): top_k={top_k!r} must be an int in [1, num_experts={e}]")
     mask = None
     if attention_mask is not None:
         if attention_mask.numel() != t:
             raise ValueError(
-                f"veomni_triton {_OP}: attention_mask has {attention_mask.numel()} entries "
+                f"{_OP} (triton): attention_mask has {attention_mask.numel()} entries "
                 f"({tuple(attention_mask.shape)}) but the logits have T={t} rows; it must be [B, S] with B*S == T"
             )
         mask = attention_mask.reshape(-1).to(torch.float32)

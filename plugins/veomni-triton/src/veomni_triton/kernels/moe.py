@@ -52,9 +52,8 @@ from dataclasses import dataclass, replace
 
 import torch
 import triton
-from veomni_ops.kernels.moe import check_expert_index
 
-from ._common import as_rows, check_device, check_float, interpreter_active, next_pow2
+from ._common import CHECKS, as_rows, check_device, interpreter_active, next_pow2
 from .moe_kernels import (
     _combine_kernel,
     _dh_bwd_kernel,
@@ -497,48 +496,48 @@ def moe_experts(
     """Routed SiLU-gated experts (see the module docstring); returns ``[T, H]`` in ``hidden_states.dtype``."""
     for name, t in (("hidden_states", hidden_states), ("top_k_index", top_k_index),
                     ("top_k_weights", top_k_weights), ("gate_up_proj", gate_up_proj), ("down_proj", down_proj)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"veomni_triton {_OP}: {name} must be a tensor, got {type(t).__name__}")
-    check_device(_OP, hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj)
-    check_float(_OP, "hidden_states", hidden_states)
-    check_float(_OP, "top_k_weights", top_k_weights)
+        CHECKS.check_tensor(t, name, _OP)
+    check_device(_OP, hidden_states=hidden_states, top_k_index=top_k_index, top_k_weights=top_k_weights,
+                 gate_up_proj=gate_up_proj, down_proj=down_proj)
+    CHECKS.check_float(hidden_states, "hidden_states", _OP)
+    CHECKS.check_float(top_k_weights, "top_k_weights", _OP)
     for name, w in (("gate_up_proj", gate_up_proj), ("down_proj", down_proj)):
         if w.dtype != hidden_states.dtype:
             raise TypeError(
-                f"veomni_triton {_OP}: {name} is {w.dtype} but hidden_states is {hidden_states.dtype}; the grouped "
+                f"{_OP} (triton): {name} is {w.dtype} but hidden_states is {hidden_states.dtype}; the grouped "
                 f"GEMMs take one operand dtype: cast the activations or the weights (e.g. {name}.to({hidden_states.dtype}))"
             )
     if top_k_index.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"veomni_triton {_OP}: top_k_index must be int64 or int32, got {top_k_index.dtype}")
+        raise TypeError(f"{_OP} (triton): top_k_index must be int64 or int32, got {top_k_index.dtype}")
     if gate_up_proj.dim() != 3 or down_proj.dim() != 3:
         raise ValueError(
-            f"veomni_triton {_OP}: gate_up_proj must be [E, 2I, H] and down_proj [E, H, I], got "
+            f"{_OP} (triton): gate_up_proj must be [E, 2I, H] and down_proj [E, H, I], got "
             f"{tuple(gate_up_proj.shape)} and {tuple(down_proj.shape)}"
         )
     num_experts, two_i, h = gate_up_proj.shape
     if two_i % 2 or tuple(down_proj.shape) != (num_experts, h, two_i // 2):
         raise ValueError(
-            f"veomni_triton {_OP}: gate_up_proj {tuple(gate_up_proj.shape)} and down_proj {tuple(down_proj.shape)} do "
+            f"{_OP} (triton): gate_up_proj {tuple(gate_up_proj.shape)} and down_proj {tuple(down_proj.shape)} do "
             f"not match the layout gate_up_proj [E, 2I, H], down_proj [E, H, I]"
         )
     if hidden_states.dim() < 1 or hidden_states.shape[-1] != h:
         raise ValueError(
-            f"veomni_triton {_OP}: hidden_states has shape {tuple(hidden_states.shape)} but the experts' hidden size is "
+            f"{_OP} (triton): hidden_states has shape {tuple(hidden_states.shape)} but the experts' hidden size is "
             f"{h}; hidden_states must be [T, {h}]"
         )
     if top_k_index.dim() < 1 or top_k_weights.shape != top_k_index.shape:
         raise ValueError(
-            f"veomni_triton {_OP}: top_k_index {tuple(top_k_index.shape)} and top_k_weights "
+            f"{_OP} (triton): top_k_index {tuple(top_k_index.shape)} and top_k_weights "
             f"{tuple(top_k_weights.shape)} must both be [T, K]"
         )
     x = as_rows(hidden_states, h)
     k = top_k_index.shape[-1]
     idx = top_k_index.reshape(-1, k).contiguous()
-    check_expert_index(idx, num_experts, backend="triton")
+    CHECKS.check_expert_index(idx, num_experts)
     weights = top_k_weights.reshape(-1, k).contiguous()
     if idx.shape[0] != x.shape[0]:
         raise ValueError(
-            f"veomni_triton {_OP}: {x.shape[0]} tokens in hidden_states but {idx.shape[0]} rows in top_k_index; "
+            f"{_OP} (triton): {x.shape[0]} tokens in hidden_states but {idx.shape[0]} rows in top_k_index; "
             "both must describe the same T tokens"
         )
     save = torch.is_grad_enabled() and (

@@ -372,24 +372,24 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: bool, b
     index = check_tensors(op, _NAMES, (x, weight))
     shape = x.shape
     if not shape:
-        raise ValueError(f"veomni_triton {op}: hidden_states must have at least one dimension, got a scalar")
+        raise ValueError(f"{op} (triton): hidden_states must have at least one dimension, got a scalar")
     n = shape[-1]
     if weight.shape != (n,):
         raise ValueError(
-            f"veomni_triton {op}: weight has shape {tuple(weight.shape)} but hidden_states' last dimension is {n}; "
+            f"{op} (triton): weight has shape {tuple(weight.shape)} but hidden_states' last dimension is {n}; "
             f"weight must be [{n}]"
         )
     if n == 0 or n > MAX_HIDDEN:
         raise ValueError(
-            f"veomni_triton {op}: hidden size {n} is outside what this kernel holds in registers (1..{MAX_HIDDEN}); "
+            f"{op} (triton): hidden size {n} is outside what this kernel holds in registers (1..{MAX_HIDDEN}); "
             "use another rms_norm implementation for this model"
         )
     if type(eps) is not float:
         if not isinstance(eps, (int, float)) or isinstance(eps, bool):
-            raise ValueError(f"veomni_triton {op}: eps must be a non-negative float, got {eps!r}")
+            raise ValueError(f"{op} (triton): eps must be a non-negative float, got {eps!r}")
         eps = float(eps)
     if not eps >= 0:
-        raise ValueError(f"veomni_triton {op}: eps must be a non-negative float, got {eps!r}")
+        raise ValueError(f"{op} (triton): eps must be a non-negative float, got {eps!r}")
     if n > 1 and weight.stride(0) != 1:
         weight = weight.contiguous()  # the kernels read w with unit stride (a strided view is rare: copy it)
     if eager_path(x, weight):

@@ -254,30 +254,30 @@ def apply_rotary(
     qs, ks, cs = q.shape, k.shape, cos.shape
     if len(qs) != 4 or len(ks) != 4:
         raise ValueError(
-            f"veomni_triton {op}: q and k must be [B, H, S, D], got {tuple(qs)} and {tuple(ks)} "
+            f"{op} (triton): q and k must be [B, H, S, D], got {tuple(qs)} and {tuple(ks)} "
             "(transpose a [B, S, H, D] tensor with .transpose(1, 2): no copy is needed)"
         )
     b, _hq, s, d = qs
     if ks[0] != b or ks[2] != s or ks[3] != d:
         raise ValueError(
-            f"veomni_triton {op}: q {tuple(qs)} and k {tuple(ks)} must share batch, sequence and head dim"
+            f"{op} (triton): q {tuple(qs)} and k {tuple(ks)} must share batch, sequence and head dim"
         )
     if cs != sin.shape:
-        raise ValueError(f"veomni_triton {op}: cos {tuple(cs)} and sin {tuple(sin.shape)} must have one shape")
+        raise ValueError(f"{op} (triton): cos {tuple(cs)} and sin {tuple(sin.shape)} must have one shape")
     if len(cs) != 3 or (cs[0] != b and cs[0] != 1) or cs[1] != s:
         raise ValueError(
-            f"veomni_triton {op}: cos/sin must be [B, S, R] with B = {b} (or 1) and S = {s}, got {tuple(cs)}"
+            f"{op} (triton): cos/sin must be [B, S, R] with B = {b} (or 1) and S = {s}, got {tuple(cs)}"
         )
     r = cs[2]
     if r % 2 or r == 0 or r > d:
         raise ValueError(
-            f"veomni_triton {op}: rotary dim R = cos.shape[-1] = {r} must be even and in 2..D={d} "
+            f"{op} (triton): rotary dim R = cos.shape[-1] = {r} must be even and in 2..D={d} "
             "(cos/sin are cat(freqs, freqs) of the rotated channels)"
         )
     grad = torch.is_grad_enabled()
     if grad and (cos.requires_grad or sin.requires_grad):
         raise ValueError(
-            f"veomni_triton {op}: cos/sin require grad, but this kernel gives gradients for q and k only; "
+            f"{op} (triton): cos/sin require grad, but this kernel gives gradients for q and k only; "
             "pass cos.detach(), sin.detach() (a model's rotary tables carry no gradient)"
         )
     cos = _last_dim_contiguous(cos)

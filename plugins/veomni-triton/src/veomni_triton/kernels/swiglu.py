@@ -204,16 +204,16 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     shape = gate.shape
     if shape != up.shape:
         raise ValueError(
-            f"veomni_triton {op}: gate {tuple(gate.shape)} and up {tuple(up.shape)} must have the same shape "
+            f"{op} (triton): gate {tuple(gate.shape)} and up {tuple(up.shape)} must have the same shape "
             "(both are [..., intermediate_size])"
         )
     if gate.dtype != up.dtype:
         raise TypeError(
-            f"veomni_triton {op}: gate is {gate.dtype} but up is {up.dtype}; cast one so that both match"
+            f"{op} (triton): gate is {gate.dtype} but up is {up.dtype}; cast one so that both match"
         )
     if not shape or shape[-1] == 0:
         raise ValueError(
-            f"veomni_triton {op}: gate and up must be [..., I] with I >= 1, got {tuple(gate.shape)}"
+            f"{op} (triton): gate and up must be [..., I] with I >= 1, got {tuple(gate.shape)}"
         )
     if eager_path(gate, up):
         # eager: the launchers directly, through a lean autograd node only when a gradient is due

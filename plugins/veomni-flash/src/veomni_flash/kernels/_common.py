@@ -1,4 +1,4 @@
-"""Import one flash-attention generation and expose its two entry points.
+"""The helper the flash adapters share: import one flash-attention generation and expose its entry points.
 
 A :class:`FlashBackend` is also what transformers' kernel-hub path expects from a kernel: an
 object with ``flash_attn_func`` / ``flash_attn_varlen_func`` (and ``flash_attn_with_kvcache``).
