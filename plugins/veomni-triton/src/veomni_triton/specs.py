@@ -8,7 +8,7 @@ stay light: it imports only ``veomni_ops`` (no torch, no Triton). The kernels ar
 from __future__ import annotations
 
 from veomni_ops.hookspecs import hookimpl
-from veomni_ops.spec import ELEMENTWISE, HardwareRequirement, KernelSpec, SpecDefaults, Tolerance
+from veomni_ops.spec import ELEMENTWISE, MATMUL, HardwareRequirement, KernelSpec, SpecDefaults, Tolerance
 
 #: The veomni-ops plugin API versions this backend is built for (docs/writing-a-backend.md,
 #: "The plugin API version"): outside it, discovery refuses the backend and says what to upgrade.
@@ -113,24 +113,16 @@ def load_balancing_loss() -> list[KernelSpec]:
     ]
 
 
-# Logits are a GEMM in the input dtype (rounded once, as eager's lm_head); the softmax, the loss
-# and the weight-gradient sum over token chunks are float32; dW sums one term per token.
-_FLCE_TOL = {
-    "float32": Tolerance(1e-4, 1e-4),
-    "bfloat16": Tolerance(2e-2, 2e-2),
-    "float16": Tolerance(5e-3, 5e-3),
-}
-
-
 @hookimpl
 def cross_entropy() -> list[KernelSpec]:
     # Priority 30, above veomni-liger's 20: faster on the committed H100 bench (fwd+bwd, hidden
     # 2560, V 151,936, bf16: 29.5 / 59.1 / 121.4 ms at 8k / 16k / 32k tokens against Liger's
     # 33.0 / 63.7 / 126.0; benchmarks/results/h100-2026-11-25-flce/), at ~1 GiB more peak memory.
     return [
-        replace(_spec(
-            "triton", "cross_entropy", "fused_linear", "cross_entropy:fused_linear_cross_entropy_sum",
+        _TRITON.spec(
+            "cross_entropy", "fused_linear", "cross_entropy:fused_linear_cross_entropy_sum",
             "Triton fused linear CE: cuBLAS logits per token chunk, one Triton online-softmax pass writing the "
             "gradient in place, cuBLAS dH and float32-accumulated dW; grads in forward (3 GEMMs), deterministic",
-        ), tolerances=_FLCE_TOL),
+            tolerances=MATMUL,
+        ),
     ]

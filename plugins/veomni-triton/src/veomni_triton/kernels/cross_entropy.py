@@ -41,10 +41,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from veomni_ops.kernels.checks import check_ndim, check_same_device, check_same_dtype
-from veomni_ops.kernels.cross_entropy import add_weight_grad_, check_label_values
+from veomni_ops.kernels.cross_entropy import add_weight_grad_
 
-from ._common import check_tensors, eager_path, launch, next_pow2
+from ._common import CHECKS, check_tensors, eager_path, launch, next_pow2
 
 _OP = "cross_entropy"
 
@@ -255,28 +254,9 @@ _flce_fwd.register_autograd(_backward, setup_context=_setup_context)
 def _check(hidden, weight, labels, bias, ignore_index) -> None:
     tensors = (hidden, weight) if bias is None else (hidden, weight, bias)
     names = ("hidden", "weight") if bias is None else ("hidden", "weight", "bias")
-    check_tensors(_OP, names, tensors)
-    check_ndim(hidden, 2, "hidden", _OP, "[N, H] (flatten leading dimensions with .view(-1, H))", backend="triton")
-    check_ndim(weight, 2, "weight", _OP, "[V, H] (the lm_head weight)", backend="triton")
-    if weight.shape[1] != hidden.shape[1]:
-        raise ValueError(
-            f"{_OP} (triton): weight {tuple(weight.shape)} must be [V, H] with H = hidden.shape[1] = {hidden.shape[1]}"
-        )
-    if bias is not None and (bias.dim() != 1 or bias.shape[0] != weight.shape[0]):
-        raise ValueError(f"{_OP} (triton): bias must have shape [V] = [{weight.shape[0]}], got {tuple(bias.shape)}")
-    check_same_dtype(_OP, hidden=hidden, weight=weight, bias=bias, backend="triton")
-    if not isinstance(labels, torch.Tensor) or labels.dtype not in (torch.int64, torch.int32):
-        got = labels.dtype if isinstance(labels, torch.Tensor) else type(labels).__name__
-        raise TypeError(f"{_OP} (triton): labels must be an int64 or int32 tensor, got {got}")
-    check_ndim(labels, 1, "labels", _OP, "[N] (flatten it and shift it first)", backend="triton")
-    if labels.shape[0] != hidden.shape[0]:
-        raise ValueError(
-            f"{_OP} (triton): labels has {labels.shape[0]} entries but there are {hidden.shape[0]} tokens; "
-            "they must match"
-        )
-    if not isinstance(ignore_index, int) or isinstance(ignore_index, bool):
-        raise TypeError(f"{_OP} (triton): ignore_index must be a Python int, got {ignore_index!r}")
-    check_same_device(_OP, hidden=hidden, labels=labels, backend="triton")
+    check_tensors(_OP, names, tensors)  # a device these kernels run on
+    # shapes, dtypes, devices, and the label values where reading them is free (CPU) or asked for
+    CHECKS.check_linear_cross_entropy_inputs(hidden, weight, labels, bias, ignore_index, always=False)
 
 
 def _assert_labels_on_device(labels: torch.Tensor, vocab: int, ignore_index: int) -> None:
@@ -307,7 +287,6 @@ def fused_linear_cross_entropy_sum(
         chunk_size = chunk_tokens(n, vocab, hidden.element_size())
     elif not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
         raise ValueError(f"{_OP} (triton): chunk_size must be a positive int, got {chunk_size!r}")
-    check_label_values(labels, vocab, ignore_index, backend="triton")
     _assert_labels_on_device(labels, vocab, ignore_index)
     if n == 0:
         # no tokens: an empty sum, still connected to the graph so backward gives zeros
