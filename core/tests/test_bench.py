@@ -124,7 +124,7 @@ def test_merge_parts_of_one_run(result_file, tmp_path, capsys):
     # each row's share of the ceiling uses the ceiling measured in its own run
     row_a = next(r for r in m["rows"] if r["part"] == 0 and r["tbps"])
     row_b = next(r for r in m["rows"] if r["part"] == 1 and r["tbps"] == row_a["tbps"])
-    ca, cb = B._rate(row_a, B._row_ceilings(m, row_a))[1], B._rate(row_b, B._row_ceilings(m, row_b))[1]
+    ca, cb = B.rate_cells(row_a, B.row_ceilings(m, row_a))[1], B.rate_cells(row_b, B.row_ceilings(m, row_b))[1]
     assert ca == f"{100 * row_a['tbps']:.0f}%" and cb == f"{50 * row_a['tbps']:.0f}%"
     md = (tmp_path / "merged.md").read_text()
     assert "Merged from 2 runs" in md and "`veomni-ops bench --op rms_norm`" in md and "cut short" in md

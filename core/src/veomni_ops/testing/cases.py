@@ -202,7 +202,7 @@ RMS_NORM = OpHarness(
 
 
 # --------------------------------------------------------------------------- rotary
-def _cos_sin(b: Builder, batch: int, seq: int, rotary_dim: int, theta: float = 10000.0):
+def cos_sin(b: Builder, batch: int, seq: int, rotary_dim: int, theta: float = 10000.0):
     """What a model's rotary embedding returns: ``cat(freqs, freqs)`` cos/sin ``[B, S, R]``,
     at random position offsets per sequence (packed / shifted positions)."""
     offsets = torch.randint(0, 4 * seq + 1, (batch, 1), generator=b.gen).to(torch.float64)
@@ -228,7 +228,7 @@ def _rotary_cases(variant: str, size: str) -> list[Case]:
                 q, k = b.bshd(bsz, hq, s, d), b.bshd(bsz, hk, s, d)
             else:
                 q, k = b.randn(bsz, hq, s, d), b.randn(bsz, hk, s, d)
-            cos, sin = _cos_sin(b, bsz, s, r)
+            cos, sin = cos_sin(b, bsz, s, r)
             return {"q": q, "k": k, "cos": cos, "sin": sin}
 
         label = f"{name}-r{r}" if variant == "partial" else name
@@ -454,7 +454,7 @@ MOE_EXPERTS = OpHarness(
 
 
 # --------------------------------------------------------------------------- load_balancing_loss
-def _router_logits(b: Builder, t: int, e: int) -> torch.Tensor:
+def router_logits(b: Builder, t: int, e: int) -> torch.Tensor:
     """Router logits without ties in any dtype: per token a permutation of evenly spaced
     values, jittered by less than a quarter of the spacing. (With ties, which expert is in
     the top-k is up to the implementation, and the loss legitimately differs.)"""
@@ -484,7 +484,7 @@ def _lbl_cases(variant: str, size: str) -> list[Case]:
                     else:
                         am[r, seq - lens[r]:] = 1
                 am = am.to(b.device)
-            return {"gate_logits": [_router_logits(b, t, e) for _ in range(layers)], "num_experts": e,
+            return {"gate_logits": [router_logits(b, t, e) for _ in range(layers)], "num_experts": e,
                     "top_k": k, "attention_mask": am}
 
         return Case(name, build, ("gate_logits",), about)
@@ -614,3 +614,7 @@ def harness(op: str) -> OpHarness:
         return HARNESSES[op]
     except KeyError:
         raise ValueError(f"the conformance kit has no cases for op {op!r}; ops: {', '.join(HARNESSES)}") from None
+
+
+#: The former private name, still imported by tests outside the core.
+_router_logits = router_logits
