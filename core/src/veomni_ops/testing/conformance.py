@@ -128,7 +128,7 @@ def check_compiles(registry: Registry, op: str, variant: str, name: str, dtype: 
     import torch
 
     from .cases import TORCH_DTYPES, Builder, harness
-    from .runner import Unusable, _backward, _case_cotangents, _leaves, interpreter_active, prepare
+    from .runner import Unusable, case_cotangents, grad_leaves, interpreter_active, prepare, run_backward
 
     try:
         rk, fn, device = prepare(registry, op, variant, name)
@@ -147,11 +147,11 @@ def check_compiles(registry: Registry, op: str, variant: str, name: str, dtype: 
 
     def run(call):
         inputs = case.build(Builder(0, TORCH_DTYPES[dt], device))
-        leaves = _leaves(inputs, case.diff) if rk.spec.supports_backward else []
+        leaves = grad_leaves(inputs, case.diff) if rk.spec.supports_backward else []
         outs = call(inputs)
         grads = []
         if leaves:
-            _backward(outs, leaves, _case_cotangents(outs, [None] * len(outs), 0))
+            run_backward(outs, leaves, case_cotangents(outs, [None] * len(outs), 0))
             grads = [t.grad for _, t in leaves]
         return outs, grads
 
