@@ -102,6 +102,8 @@ class KernelReport:
     reason: str = ""  # why skipped
     device: str = ""
     results: list[CaseResult] = field(default_factory=list)
+    #: ``--compile``: "pass", "skip: why" or "FAIL: why" (torch.compile(fullgraph=True) against eager)
+    compile: str | None = None
 
     def by_dtype(self) -> dict[str, list[CaseResult]]:
         out: dict[str, list[CaseResult]] = {}
@@ -122,6 +124,7 @@ class KernelReport:
             "device": self.device,
             "worst": json_float(max(worst)) if worst else None,
             "cases": [r.to_dict() for r in self.results],
+            **({"compile": self.compile} if self.compile is not None else {}),
         }
 
 
@@ -183,6 +186,8 @@ class CheckReport:
                 notes += [f"  {k.op}/{k.variant} {k.kernel} [{dtype}] note: {n}" for n in kernel_notes]
                 if verbose:
                     notes += [f"  {k.op}/{k.variant} {k.kernel} {r.describe()}" for r in results if r.ok]
+            if k.compile is not None:
+                notes.append(f"  {k.op}/{k.variant} {k.kernel} torch.compile(fullgraph=True): {k.compile}")
         widths = [max(len(r[i]) for r in rows) for i in range(len(head) - 1)]
         lines = [f"veomni-ops check on {self.device}, {self.size} shapes, seed {self.seed} "
                  f"(worst error: max |a-b| / (atol*s + rtol*|b| + ulp) against float64 eager; pass <= 1, or in bf16/fp16 "

@@ -171,9 +171,16 @@ def run_checks(
     dtypes: Iterable[str] | None = None,
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
+    cases: Iterable[str] | None = None,
+    compile: bool = False,
 ) -> CheckReport:
     """Check every kernel of ``registry`` (default: the installed plugins) that matches
-    ``backend`` and ``op``; kernels that cannot run here are reported as skipped, with why."""
+    ``backend`` and ``op``; kernels that cannot run here are reported as skipped, with why.
+
+    ``cases``: only the cases of these names. ``compile``: also run each checked kernel under
+    ``torch.compile(fullgraph=True)`` against its uncompiled result
+    (:func:`veomni_ops.testing.conformance.check_compiles`); a kernel that declares
+    ``supports_compile=True`` and fails it fails."""
     from ..discovery import discover
 
     t0 = time.perf_counter()
@@ -202,10 +209,25 @@ def run_checks(
         if not todo:
             kr.reason = f"declares none of the requested dtypes (it supports {', '.join(s.dtypes)})"
             continue
-        kr.results = check_kernel(fn, s, device=target_dev, size=size, dtypes=todo, seed=seed, progress=progress)
+        kr.results = check_kernel(fn, s, device=target_dev, size=size, dtypes=todo, seed=seed, progress=progress,
+                                  cases=cases)
         kr.status = PASS if all(r.ok for r in kr.results) else FAIL
+        if compile:
+            kr.compile = _compile_verdict(reg, rk, dev)
+            if kr.compile.startswith("FAIL"):
+                kr.status = FAIL
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _compile_verdict(reg: Registry, rk: RegisteredKernel, dev: DeviceInfo) -> str:
+    from .conformance import ConformanceFailure, check_compiles
+
+    try:
+        why = check_compiles(reg, rk.spec.op, rk.spec.variant, reg.name_of(rk), device=dev)
+    except ConformanceFailure as e:
+        return f"FAIL: {e}"
+    return "pass" if why is None else f"skip: {why}"
 
 
 # --------------------------------------------------------------------------- for test frameworks

@@ -38,6 +38,8 @@ def _rms_cases(variant: str, size: str) -> list[Case]:
     full = [
         case("rows-1031x2560", "odd row count at a real hidden size", lambda b: b.randn(1031, 2560), 2560),
         case("3d-2x256x4096", "leading dims, hidden 4096", lambda b: b.randn(2, 256, 4096), 4096),
+        case("seed-4x2048x2560", "the seed benchmark's shape (batch 4, sequence 2048, hidden 2560)",
+             lambda b: b.randn(4, 2048, 2560), 2560),
         case("strided-rows-777x2048", "rows with a stride", lambda b: b.strided(777, 2048, pad=64), 2048),
         case("wide-range-64x8192", "|x| ~ 100 at hidden 8192", lambda b: b.randn(64, 8192, scale=100.0), 8192),
         case("odd-hidden-300x5121", "odd hidden size past a power of two", lambda b: b.randn(300, 5121), 5121),

@@ -50,6 +50,8 @@ def _rotary_cases(variant: str, size: str) -> list[Case]:
         case("bshd-view-1x16x2x1031x256", "model layout, odd sequence, head dim 256", 1, 16, 2, 1031, 256,
              transposed=True),
         case("mha-4x8x8x257x64", "head dim 64, odd sequence", 4, 8, 8, 257, 64),
+        case("seed-bshd-4x32x8x2048x128", "the seed benchmark's shape, model layout", 4, 32, 8, 2048, 128,
+             transposed=True),
     ]
     return pick(size, small, full)
 
