@@ -202,6 +202,34 @@ def test_presets():
         B.workloads(["nope"])
 
 
+def test_presets_folded_from_the_gpu_scripts():
+    """The shapes the plugins' GPU scripts measured are presets now (opt-in: not in the default run)."""
+    (rope,) = B.workloads(["rope-qwen35"])
+    assert (rope.op, rope.variant, rope.shape["head_dim"], rope.shape["rotary_dim"]) == ("rotary", "partial", 256, 64)
+    (lbl,) = B.workloads(["lbl-48-masked"])
+    assert lbl.shape["masked"] == 1 and lbl.shape["tokens"] % lbl.shape["batch"] == 0
+    assert lbl.amount("fwd") == B.workloads(["lbl-48"])[0].amount("fwd")
+    assert {w.op for w in B.workloads(["host"])} == {"rms_norm", "rotary", "swiglu"}
+    assert not {"rope-qwen35", "lbl-48-masked", "host"} & set(B.GPU_DEFAULT)
+    for name in ("rope-qwen35", "lbl-48-masked", "host"):
+        for w in B.workloads([name]):
+            assert w.amount("fwd") > 0 and w.amount("fwd+bwd") > w.amount("fwd")
+
+
+def test_masked_load_balancing_workload_runs_on_the_cpu():
+    torch = pytest.importorskip("torch")
+    w = B.Workload("t", "load_balancing_loss", "standard", "float32", dict(layers=2, tokens=32, experts=8, top_k=2,
+                                                                            batch=2, masked=1), "bytes",
+                   "load_balancing_loss")
+    inputs, diff = B.build_inputs(w, "cpu")
+    mask = inputs["attention_mask"]
+    assert mask.shape == (2, 16) and int(mask.sum()) == 2 * 14 and diff == ("gate_logits",)
+    from veomni_ops.kernels.load_balancing import load_balancing_loss
+
+    loss = load_balancing_loss(inputs["gate_logits"], 8, 2, mask)
+    assert torch.isfinite(loss)
+
+
 @pytest.mark.parametrize("name,kind,slug", [
     ("NVIDIA H100 80GB HBM3", "cuda", "h100-sxm"),
     ("NVIDIA H100 PCIe", "cuda", "h100-pcie"),

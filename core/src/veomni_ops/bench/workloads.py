@@ -143,6 +143,15 @@ def _cpu_small(p: str) -> list[Workload]:
     ]
 
 
+def _host(p: str) -> list[Workload]:
+    bf = "bfloat16"
+    return [
+        _w(p, "rms_norm", "standard", bf, "bytes", tokens=16, hidden=256),
+        _w(p, "rotary", "full", bf, "bytes", batch=1, q_heads=4, kv_heads=2, seq=16, head_dim=64, rotary_dim=64),
+        _w(p, "swiglu", "standard", bf, "bytes", tokens=16, intermediate=256),
+    ]
+
+
 #: preset name -> (description, workloads)
 PRESETS: dict[str, tuple[str, Callable[[str], list[Workload]]]] = {
     "seed": ("the seed benchmark: batch 4 x seq 2048 tokens, hidden 2560, intermediate 6912; RoPE 32 q / 8 kv "
@@ -161,6 +170,16 @@ PRESETS: dict[str, tuple[str, Callable[[str], list[Workload]]]] = {
     "attn": ("attention: batch 4, seq 4096, 32 q / 8 kv heads, head dim 128, causal, model layout; bf16",
              lambda p: [_w(p, "attention", "standard", "bfloat16", "flops", batch=4, q_heads=32, kv_heads=8,
                            seq=4096, head_dim=128, causal=1)]),
+    "lbl-48-masked": ("load-balancing loss as lbl-48 with a padding mask: 48 layers x batch 4 x seq 2048, the last "
+                      "eighth of every sequence padded; fp32 router logits",
+                      lambda p: [_w(p, "load_balancing_loss", "standard", "float32", "bytes", layers=48, tokens=8192,
+                                    experts=128, top_k=8, batch=4, masked=1)]),
+    "rope-qwen35": ("partial rotary as Qwen3.5 has it: batch 2, seq 2048, 16 q / 2 kv heads, head dim 256, 64 rotary "
+                    "channels, model layout; bf16",
+                    lambda p: [_w(p, "rotary", "partial", "bfloat16", "bytes", batch=2, q_heads=16, kv_heads=2,
+                                  seq=2048, head_dim=256, rotary_dim=64)]),
+    "host": ("rms_norm, rotary and swiglu at tiny shapes: each kernel takes microseconds, so wall time is the host's "
+             "per call (checks, dispatch, autograd, launch); bf16", _host),
     "cpu-small": ("every op at small shapes (runs anywhere; the default on the CPU)", _cpu_small),
 }
 GPU_DEFAULT = ("seed", "moe-30b-a3b", "flce-8k", "flce-16k", "flce-32k", "lbl-48", "attn")
@@ -229,8 +248,14 @@ def build_inputs(w: Workload, device: Any, seed: int = 0) -> tuple[dict[str, Any
             layers = [router_logits(b, sh["tokens"], sh["experts"]) for _ in range(sh["layers"])]
         else:
             layers = [randn(sh["tokens"], sh["experts"]) for _ in range(sh["layers"])]
+        mask = None
+        if sh.get("masked"):  # [batch, seq] padding mask: the last eighth of every sequence is padding
+            bsz = sh["batch"]
+            seq = sh["tokens"] // bsz
+            mask = torch.ones(bsz, seq, dtype=torch.long, device=dev)
+            mask[:, seq - seq // 8:] = 0
         return {"gate_logits": layers, "num_experts": sh["experts"], "top_k": sh["top_k"],
-                "attention_mask": None}, ("gate_logits",)
+                "attention_mask": mask}, ("gate_logits",)
     if w.op == "attention":
         bsz, s, d = sh["batch"], sh["seq"], sh["head_dim"]
         q = randn(bsz, s, sh["q_heads"], d).transpose(1, 2)
