@@ -24,7 +24,7 @@ def reference_registry(*extra):
 
 def args(**kw):
     base = dict(backend=None, op=None, device="cpu", size=None, dtype=None, seed=0, plugin=[], json=False,
-                verbose=False, registry=None, case=None, compile=False)
+                verbose=False, registry=None, case=None, compile=False, deterministic=False)
     base.update(kw)
     return argparse.Namespace(**base)
 
@@ -163,6 +163,24 @@ def test_compile_option_fails_a_kernel_whose_claim_is_false(capsys):
     cap = capsys.readouterr()
     assert rc == 1
     assert "torch.compile(fullgraph=True): FAIL:" in cap.out and "supports_compile=True but" in cap.out
+
+
+def test_deterministic_option_fails_a_kernel_that_differs_run_to_run(capsys):
+    calls = []
+
+    def noisy(gate, up):
+        calls.append(1)  # a different last bit on every call
+        return F.silu(gate) * up * (1 + len(calls) * torch.finfo(gate.dtype).eps)
+
+    reg = reference_registry(("noisy", make_plugin("noisy", swiglu=[_sw("noisy", noisy, dtypes=("float32",))])))
+    rc = check.run(args(registry=reg, backend="noisy", deterministic=True, json=True))
+    (k,) = json.loads(capsys.readouterr().out)["kernels"]
+    assert rc == 1 and k["status"] == "fail"
+    assert k["deterministic"].startswith("FAIL: float32 ") and "differs between two runs" in k["deterministic"]
+    rc = check.run(args(registry=reg, op="swiglu", backend="eager", dtype=["float32"], deterministic=True,
+                        json=True))
+    (k,) = json.loads(capsys.readouterr().out)["kernels"]
+    assert rc == 0 and k["deterministic"] == "pass"
 
 
 def test_wrong_backward_is_caught_and_attributed():

@@ -104,6 +104,8 @@ class KernelReport:
     results: list[CaseResult] = field(default_factory=list)
     #: ``--compile``: "pass", "skip: why" or "FAIL: why" (torch.compile(fullgraph=True) against eager)
     compile: str | None = None
+    #: ``--deterministic``: "pass" or "FAIL: what differed between two runs on the same inputs"
+    deterministic: str | None = None
 
     def by_dtype(self) -> dict[str, list[CaseResult]]:
         out: dict[str, list[CaseResult]] = {}
@@ -125,6 +127,7 @@ class KernelReport:
             "worst": json_float(max(worst)) if worst else None,
             "cases": [r.to_dict() for r in self.results],
             **({"compile": self.compile} if self.compile is not None else {}),
+            **({"deterministic": self.deterministic} if self.deterministic is not None else {}),
         }
 
 
@@ -188,6 +191,8 @@ class CheckReport:
                     notes += [f"  {k.op}/{k.variant} {k.kernel} {r.describe()}" for r in results if r.ok]
             if k.compile is not None:
                 notes.append(f"  {k.op}/{k.variant} {k.kernel} torch.compile(fullgraph=True): {k.compile}")
+            if k.deterministic is not None:
+                notes.append(f"  {k.op}/{k.variant} {k.kernel} bitwise the same on a second run: {k.deterministic}")
         widths = [max(len(r[i]) for r in rows) for i in range(len(head) - 1)]
         lines = [f"veomni-ops check on {self.device}, {self.size} shapes, seed {self.seed} "
                  f"(worst error: max |a-b| / (atol*s + rtol*|b| + ulp) against float64 eager; pass <= 1, or in bf16/fp16 "

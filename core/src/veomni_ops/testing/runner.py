@@ -74,7 +74,7 @@ __all__ = [
     "BASELINE_DTYPES", "BASELINE_FACTOR", "ERROR", "FAIL", "PASS", "REFUSALS", "SIZES", "SKIP", "TORCH_DTYPES",
     "UNSUPPORTED", "ZERO_RMS", "Builder", "Case", "CaseResult", "CheckReport", "Comparison", "KernelReport",
     "OpHarness", "Unusable", "backend_matches", "case_cotangents", "case_seed", "check_case", "check_kernel",
-    "compare", "cpu_threads_for", "default_size", "execution_device", "grad_leaves", "harness",
+    "compare", "cpu_threads_for", "default_size", "determinism_problem", "execution_device", "grad_leaves", "harness",
     "interpreter_active", "kernel_dtypes", "prepare", "refusal_reason", "resolve_kernel", "run_backward",
     "run_checks", "selected_kernels", "ulp", "unit_scale",
 ]
@@ -173,6 +173,7 @@ def run_checks(
     progress: Callable[[str], None] | None = None,
     cases: Iterable[str] | None = None,
     compile: bool = False,
+    deterministic: bool = False,
 ) -> CheckReport:
     """Check every kernel of ``registry`` (default: the installed plugins) that matches
     ``backend`` and ``op``; kernels that cannot run here are reported as skipped, with why.
@@ -216,8 +217,47 @@ def run_checks(
             kr.compile = _compile_verdict(reg, rk, dev)
             if kr.compile.startswith("FAIL"):
                 kr.status = FAIL
+        if deterministic:
+            problem = determinism_problem(fn, s, device=target_dev, size=size, dtypes=todo, seed=seed, cases=cases)
+            kr.deterministic = "pass" if problem is None else f"FAIL: {problem}"
+            if problem is not None:
+                kr.status = FAIL
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def determinism_problem(fn: Callable[..., Any], spec: KernelSpec, *, device: torch.device | str, size: str,
+                        dtypes: Iterable[str] | None = None, seed: int = 0,
+                        cases: Iterable[str] | None = None) -> str | None:
+    """Run every case twice on the same inputs, forward and (if declared) backward with the same
+    cotangents: ``None`` when every output and gradient is bitwise the same, else what differed.
+    A case the kernel refuses or fails is left to the conformance check."""
+    h = harness(spec.op)
+    wanted = set(cases) if cases is not None else None
+    with cpu_threads_for(device, size):
+        for dtype in kernel_dtypes(spec, dtypes):
+            for i, case in enumerate(h.cases(spec.variant, size)):
+                if wanted is not None and case.name not in wanted:
+                    continue
+                runs = []
+                try:
+                    for _ in range(2):
+                        inputs = case.build(Builder(case_seed(seed, i), TORCH_DTYPES[dtype], device))
+                        leaves = grad_leaves(inputs, case.diff) if spec.supports_backward else []
+                        outs = h.call(fn, inputs, False)
+                        grads = []
+                        if leaves:
+                            cots = case_cotangents([o.detach() for o in outs], [None] * len(outs), case_seed(seed, i))
+                            got, _ = run_backward(outs, leaves, cots)
+                            grads = list(got or [])
+                        runs.append([o.detach() for o in outs] + [g for g in grads if g is not None])
+                except Exception:
+                    continue
+                for j, (a, b) in enumerate(zip(*runs)):
+                    if not torch.equal(a, b):
+                        what = "output" if j < len(h.out_names) else "gradient"
+                        return f"{dtype} {case.name}: the {what} #{j} differs between two runs on the same inputs"
+    return None
 
 
 def _compile_verdict(reg: Registry, rk: RegisteredKernel, dev: DeviceInfo) -> str:
