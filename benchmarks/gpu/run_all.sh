@@ -5,16 +5,19 @@
 #
 #   benchmarks/gpu/run_all.sh check     veomni-ops plugins; veomni-ops check per distribution
 #                                       (two at a time: correctness only, no timing); with
-#                                       RUN_SCRIPTS=1 also the quack and triton MoE/LBL scripts
+#                                       COMPILE=1 each also under torch.compile (check --compile)
 #   benchmarks/gpu/run_all.sh bench-a   veomni-ops bench: seed, lbl-48, attn   (one at a time)
 #   benchmarks/gpu/run_all.sh bench-b   veomni-ops bench: moe-30b-a3b, flce-8k/16k/32k
+#   benchmarks/gpu/run_all.sh bench-c   veomni-ops bench: rope-qwen35, lbl-48-masked, host (opt-in presets)
 #
 # then, anywhere: veomni-ops bench --from bench-a.json --from bench-b.json --json <device>-<date>.json
+# The only GPU entry points are `veomni-ops check|bench|train`; the tuning sweeps of veomni-triton
+# (plugins/veomni-triton/gpu/tune_*.py) and plugins/veomni-flash/gpu/check_fa4.py are run by hand.
 #
 # Liger's MoE autotuner runs for minutes per shape; it is switched off (LIGER_FUSED_MOE_AUTOTUNE=0,
 # recorded in each result's "environment"), so Liger's MoE runs its default tile config.
 set -uo pipefail
-stage=${1:?usage: run_all.sh check|bench-a|bench-b}
+stage=${1:?usage: run_all.sh check|bench-a|bench-b|bench-c}
 R=${RESULTS:-gpu-results}
 mkdir -p "$R"
 export LIGER_FUSED_MOE_AUTOTUNE=0 PYTHONUNBUFFERED=1
@@ -27,18 +30,16 @@ check)
   # the full-size cases are large.
   export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
   veomni-ops plugins >"$R/plugins.txt" 2>&1
+  EXTRA=()
+  if [ -n "${COMPILE:-}" ]; then EXTRA=(--compile); fi
   one() {
-    timeout "$T" veomni-ops check --backend "$1" --seed 20261121 --json >"$R/check-$1.json" 2>"$R/check-$1.log"
+    timeout "$T" veomni-ops check --backend "$1" --seed 20261121 "${EXTRA[@]}" --json >"$R/check-$1.json" \
+      2>"$R/check-$1.log"
     echo "$1 exit $?" >>"$R/check-exit.txt"
   }
   (one veomni-ops; one veomni-flash) &
   (one veomni-triton; one veomni-liger; one veomni-quack) &
   wait
-  if [ -n "${RUN_SCRIPTS:-}" ]; then
-    timeout "$T" python plugins/veomni-quack/gpu/check_quack.py --json "$R/quack_check.json" >"$R/quack_check.log" 2>&1
-    timeout "$T" python plugins/veomni-triton/gpu/check_moe_lbl.py --json "$R/triton_check_moe_lbl.json" \
-      >"$R/triton_check_moe_lbl.log" 2>&1
-  fi
   cat "$R/check-exit.txt"
   ;;
 bench-a)
@@ -49,8 +50,12 @@ bench-b)
   timeout "$T" veomni-ops bench --preset moe-30b-a3b --preset flce-8k --preset flce-16k --preset flce-32k \
     "${BENCH[@]}" --json "$R/bench-b.json" 2>&1 | tee "$R/bench-b.log"
   ;;
+bench-c)
+  timeout "$T" veomni-ops bench --preset rope-qwen35 --preset lbl-48-masked --preset host "${BENCH[@]}" \
+    --json "$R/bench-c.json" 2>&1 | tee "$R/bench-c.log"
+  ;;
 *)
-  echo "unknown stage $stage (check, bench-a, bench-b)" >&2
+  echo "unknown stage $stage (check, bench-a, bench-b, bench-c)" >&2
   exit 2
   ;;
 esac

@@ -124,7 +124,7 @@ def test_merge_parts_of_one_run(result_file, tmp_path, capsys):
     # each row's share of the ceiling uses the ceiling measured in its own run
     row_a = next(r for r in m["rows"] if r["part"] == 0 and r["tbps"])
     row_b = next(r for r in m["rows"] if r["part"] == 1 and r["tbps"] == row_a["tbps"])
-    ca, cb = B._rate(row_a, B._row_ceilings(m, row_a))[1], B._rate(row_b, B._row_ceilings(m, row_b))[1]
+    ca, cb = B.rate_cells(row_a, B.row_ceilings(m, row_a))[1], B.rate_cells(row_b, B.row_ceilings(m, row_b))[1]
     assert ca == f"{100 * row_a['tbps']:.0f}%" and cb == f"{50 * row_a['tbps']:.0f}%"
     md = (tmp_path / "merged.md").read_text()
     assert "Merged from 2 runs" in md and "`veomni-ops bench --op rms_norm`" in md and "cut short" in md
@@ -200,6 +200,34 @@ def test_presets():
     assert flce == {8192, 16384, 32768}
     with pytest.raises(SystemExit, match="unknown preset 'nope'"):
         B.workloads(["nope"])
+
+
+def test_presets_folded_from_the_gpu_scripts():
+    """The shapes the plugins' GPU scripts measured are presets now (opt-in: not in the default run)."""
+    (rope,) = B.workloads(["rope-qwen35"])
+    assert (rope.op, rope.variant, rope.shape["head_dim"], rope.shape["rotary_dim"]) == ("rotary", "partial", 256, 64)
+    (lbl,) = B.workloads(["lbl-48-masked"])
+    assert lbl.shape["masked"] == 1 and lbl.shape["tokens"] % lbl.shape["batch"] == 0
+    assert lbl.amount("fwd") == B.workloads(["lbl-48"])[0].amount("fwd")
+    assert {w.op for w in B.workloads(["host"])} == {"rms_norm", "rotary", "swiglu"}
+    assert not {"rope-qwen35", "lbl-48-masked", "host"} & set(B.GPU_DEFAULT)
+    for name in ("rope-qwen35", "lbl-48-masked", "host"):
+        for w in B.workloads([name]):
+            assert w.amount("fwd") > 0 and w.amount("fwd+bwd") > w.amount("fwd")
+
+
+def test_masked_load_balancing_workload_runs_on_the_cpu():
+    torch = pytest.importorskip("torch")
+    w = B.Workload("t", "load_balancing_loss", "standard", "float32", dict(layers=2, tokens=32, experts=8, top_k=2,
+                                                                            batch=2, masked=1), "bytes",
+                   "load_balancing_loss")
+    inputs, diff = B.build_inputs(w, "cpu")
+    mask = inputs["attention_mask"]
+    assert mask.shape == (2, 16) and int(mask.sum()) == 2 * 14 and diff == ("gate_logits",)
+    from veomni_ops.kernels.load_balancing import load_balancing_loss
+
+    loss = load_balancing_loss(inputs["gate_logits"], 8, 2, mask)
+    assert torch.isfinite(loss)
 
 
 @pytest.mark.parametrize("name,kind,slug", [

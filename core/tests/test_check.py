@@ -24,7 +24,7 @@ def reference_registry(*extra):
 
 def args(**kw):
     base = dict(backend=None, op=None, device="cpu", size=None, dtype=None, seed=0, plugin=[], json=False,
-                verbose=False, registry=None)
+                verbose=False, registry=None, case=None, compile=False, deterministic=False)
     base.update(kw)
     return argparse.Namespace(**base)
 
@@ -129,6 +129,58 @@ def test_wrong_forward_fails_with_nonzero_exit(capsys):
     assert len(row) == 1 and row[0].rstrip().endswith("FAIL"), cap.out
     assert "outside tolerance (atol=1e-05, rtol=0.0001 for float32) in: out" in cap.out
     assert "1 kernel(s) FAILED: swiglu/standard offby" in cap.err and "--seed 0" in cap.err
+
+
+def test_case_option_runs_only_the_named_cases(capsys):
+    reg = reference_registry()
+    rc = check.run(args(registry=reg, op="rms_norm", case=["rows-3x17", "one-row-1x256"], json=True))
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    for k in out["kernels"]:
+        assert k["status"] == "pass"
+        assert {c["case"] for c in k["cases"]} == {"rows-3x17", "one-row-1x256"}
+
+
+def test_compile_option_verifies_each_checked_kernel(capsys):
+    reg = reference_registry(("wrong", WRONG))
+    rc = check.run(args(registry=reg, op="swiglu", backend="eager", dtype=["float32"], compile=True, json=True))
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    (k,) = out["kernels"]
+    assert k["compile"] == "pass" or k["compile"].startswith("declares supports_compile=False")
+    # without --compile the report has no compile verdict
+    check.run(args(registry=reg, op="swiglu", backend="eager", dtype=["float32"], json=True))
+    assert "compile" not in json.loads(capsys.readouterr().out)["kernels"][0]
+
+
+def test_compile_option_fails_a_kernel_whose_claim_is_false(capsys):
+    def breaks(gate, up):
+        torch._dynamo.graph_break()
+        return F.silu(gate) * up
+
+    liar = make_plugin("liar", swiglu=[_sw("liar", breaks, dtypes=("float32",), supports_compile=True)])
+    rc = check.run(args(registry=reference_registry(("liar", liar)), backend="liar", compile=True))
+    cap = capsys.readouterr()
+    assert rc == 1
+    assert "torch.compile(fullgraph=True): FAIL:" in cap.out and "supports_compile=True but" in cap.out
+
+
+def test_deterministic_option_fails_a_kernel_that_differs_run_to_run(capsys):
+    calls = []
+
+    def noisy(gate, up):
+        calls.append(1)  # a different last bit on every call
+        return F.silu(gate) * up * (1 + len(calls) * torch.finfo(gate.dtype).eps)
+
+    reg = reference_registry(("noisy", make_plugin("noisy", swiglu=[_sw("noisy", noisy, dtypes=("float32",))])))
+    rc = check.run(args(registry=reg, backend="noisy", deterministic=True, json=True))
+    (k,) = json.loads(capsys.readouterr().out)["kernels"]
+    assert rc == 1 and k["status"] == "fail"
+    assert k["deterministic"].startswith("FAIL: float32 ") and "differs between two runs" in k["deterministic"]
+    rc = check.run(args(registry=reg, op="swiglu", backend="eager", dtype=["float32"], deterministic=True,
+                        json=True))
+    (k,) = json.loads(capsys.readouterr().out)["kernels"]
+    assert rc == 0 and k["deterministic"] == "pass"
 
 
 def test_wrong_backward_is_caught_and_attributed():
@@ -305,9 +357,9 @@ LOWP = make_plugin("lowp", swiglu=[
 def no_ulp(monkeypatch):
     # Without the output dtype's spacing, bfloat16 rounding alone is far outside TIGHT: the
     # tolerance fails every kernel, eager included, so the baseline decides.
-    from veomni_ops.testing import runner
+    from veomni_ops.testing import compare as comparison
 
-    monkeypatch.setattr(runner, "ulp", lambda b, dtype: torch.zeros_like(b))
+    monkeypatch.setattr(comparison, "ulp", lambda b, dtype: torch.zeros_like(b))
 
 
 def test_error_no_worse_than_eager_in_the_dtype_passes_with_a_note(capsys, no_ulp):

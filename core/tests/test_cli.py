@@ -191,7 +191,7 @@ def test_train_unexpected_failure_is_one_line(tmp_path, capsys, monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(train, "train_one", boom)
+    monkeypatch.setattr(train.command, "train_one", boom)
     monkeypatch.delenv("VEOMNI_OPS_TRACE", raising=False)
     assert main(["train", job(tmp_path)]) == 1
     err = capsys.readouterr().err
@@ -206,7 +206,7 @@ def test_train_child_writes_its_failure_for_the_parent(tmp_path, capsys, monkeyp
     pytest.importorskip("transformers")
     from veomni_ops import train
 
-    monkeypatch.setattr(train, "train_one", lambda *a, **k: {}["no such key"])
+    monkeypatch.setattr(train.command, "train_one", lambda *a, **k: {}["no such key"])
     monkeypatch.delenv("VEOMNI_OPS_TRACE", raising=False)
     result = tmp_path / "result.json"
     assert main(["train", job(tmp_path), "--result-file", str(result)]) == 1

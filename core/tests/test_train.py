@@ -44,7 +44,7 @@ def write_job(tmp_path, name="job.yaml", ops=None, model=None, **train_fields):
 
 
 def _in_process(path, seed, steps=None, baseline=None):
-    """``_run_child`` without the child: same job, this process (fast; no peak-memory isolation)."""
+    """``run_child`` without the child: same job, this process (fast; no peak-memory isolation)."""
     job = train.load_job(path)
     if seed is not None:
         job["train"]["seed"] = seed
@@ -55,7 +55,7 @@ def _in_process(path, seed, steps=None, baseline=None):
 
 @pytest.fixture
 def in_process(monkeypatch):
-    monkeypatch.setattr(train, "_run_child", _in_process)
+    monkeypatch.setattr(train.command, "run_child", _in_process)
 
 
 # ----------------------------------------------------------------------------------------
@@ -254,7 +254,7 @@ def test_baseline_liger_refused_when_absent(tmp_path, monkeypatch, capsys):
 
 
 def test_baseline_liger_refused_on_cpu(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(train, "_liger_version", lambda: "0.8.5")
+    monkeypatch.setattr(train.baselines, "liger_version", lambda: "0.8.5")
     assert main(["train", write_job(tmp_path), "--baseline", "liger"]) == 1
     assert "Triton GPU kernels" in capsys.readouterr().err
 
@@ -267,7 +267,7 @@ def test_baseline_unknown_name_is_usage_error(tmp_path):
 
 def test_baseline_liger_runs_on_a_gpu(tmp_path, capsys):
     torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available() or train._liger_version() is None:
+    if not torch.cuda.is_available() or train.liger_version() is None:
         pytest.skip("Liger-Kernel's patch needs liger-kernel and a CUDA GPU")
     # child processes: Liger's patch replaces transformers' module-level classes for the whole process
     path = write_job(tmp_path, "gpu.yaml", OPS_AUTO, device="cuda", steps=3)

@@ -30,6 +30,10 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from .reporting import ENV_TRACE, error_text
+
+__all__ = ["ENV_TRACE", "EXTERNAL_COMMANDS", "build_parser", "error_text", "main"]
+
 #: Subcommands that live in their own modules: name -> (module, help). Each module has
 #: ``configure(parser)`` and ``run(args) -> int``; imported only when that command runs.
 EXTERNAL_COMMANDS = {
@@ -37,11 +41,6 @@ EXTERNAL_COMMANDS = {
     "check": ("veomni_ops.testing.check", "check every usable kernel against the eager reference"),
     "bench": ("veomni_ops.bench", "benchmark every usable kernel against eager"),
 }
-
-#: Set to 1 to see the traceback of an unexpected failure of ``veomni-ops train`` (and of
-#: every plugin load and hook call: see veomni_ops.discovery).
-ENV_TRACE = "VEOMNI_OPS_TRACE"
-
 
 # ----------------------------------------------------------------------------------------
 # Planning for another device
@@ -206,18 +205,6 @@ def _unavailable(name: str) -> int:
 # ----------------------------------------------------------------------------------------
 # Errors and warnings
 # ----------------------------------------------------------------------------------------
-
-
-def error_text(e: BaseException, refusal: bool = True) -> str:
-    """One message for ``e``: a refusal's own words; a missing file by its path; anything
-    else (an unexpected failure) with its type."""
-    if isinstance(e, FileNotFoundError) and e.filename is not None:
-        return f"{os.fsdecode(e.filename)}: no such file (looked in {os.getcwd()})"
-    if isinstance(e, IsADirectoryError) and e.filename is not None:
-        return f"{os.fsdecode(e.filename)}: is a directory, not a file"
-    if refusal:
-        return str(e)
-    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
 
 
 def _problems(e: BaseException) -> list[str] | None:

@@ -20,7 +20,7 @@ def interpreter_active() -> bool:
 #: gives garbage there. Kernels that upcast first (cross-entropy, MoE accumulators) are fine.
 BF16_ARITH_SKIP = pytest.mark.skipif(
     interpreter_active(),
-    reason="Triton's CPU interpreter computes bf16 arithmetic on raw bits; bf16 runs in gpu/check_liger.py",
+    reason="Triton's CPU interpreter computes bf16 arithmetic on raw bits; bf16 runs in `veomni-ops check --backend veomni-liger` on a GPU",
 )
 
 

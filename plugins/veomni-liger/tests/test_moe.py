@@ -3,7 +3,7 @@
 Under the interpreter one forward costs ~15 s whatever the size (Liger's routing kernel
 bitonic-sorts a fixed block of 1024 entries, slowly in Python), so one call carries every
 routing edge case at once; bfloat16 (its ``tl.dot`` computes on raw bits there) and the
-production shapes are in ``gpu/check_liger.py``.
+production shapes are checked on a GPU by ``veomni-ops check --backend veomni-liger``.
 """
 
 from __future__ import annotations

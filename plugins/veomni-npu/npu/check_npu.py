@@ -173,7 +173,7 @@ def compile_probe(reg, seed: int, device: str) -> list[dict]:
     import torch
     from veomni_ops import parse_device
     from veomni_ops.testing.cases import TORCH_DTYPES, Builder, harness
-    from veomni_ops.testing.runner import _leaves, resolve_kernel
+    from veomni_ops.testing.runner import grad_leaves, resolve_kernel
 
     results = []
     for rk in [k for k in reg if k.spec.name == "npu"]:
@@ -184,7 +184,7 @@ def compile_probe(reg, seed: int, device: str) -> list[dict]:
             h = harness(s.op)
             case = h.cases(s.variant, "small")[0]
             inputs = {k: _to(v, device) for k, v in case.build(Builder(seed, TORCH_DTYPES["bfloat16"], "cpu")).items()}
-            leaves = [t for _, t in _leaves(inputs, case.diff)]
+            leaves = [t for _, t in grad_leaves(inputs, case.diff)]
             eager = h.call(fn, inputs, False)
             torch._dynamo.reset()
             compiled = torch.compile(fn, fullgraph=True)

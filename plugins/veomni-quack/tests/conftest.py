@@ -27,7 +27,7 @@ _loaded = sys.modules.get("quack")
 if _loaded is not None and not getattr(_loaded, "IS_STAND_IN", False):
     raise pytest.UsageError(
         "a real quack is already imported in this process; the veomni-quack unit tests run against the stand-in "
-        "in tests/fakes. On a GPU, check the kernels with gpu/check_quack.py instead"
+        "in tests/fakes. On a GPU, check the kernels with `veomni-ops check --backend veomni-quack` instead"
     )
 
 

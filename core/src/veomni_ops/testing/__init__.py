@@ -14,10 +14,11 @@ Three ways in:
       class TestMySwiglu(SwigluConformance):
           kernel_name = "mine"
 
-What is checked, per op, is described as data in :mod:`veomni_ops.testing.cases` (input
-generators with odd sizes, non-contiguous layouts and each op's edge cases); how it is
-compared is :mod:`veomni_ops.testing.runner`. This package imports no torch until a check
-runs, so the CLI can build its parser cheaply.
+What is checked, per op, is described as data in :mod:`veomni_ops.testing.cases` (one
+module per op: input generators with odd sizes, non-contiguous layouts and each op's edge
+cases); how it is compared is :mod:`veomni_ops.testing.runner` (the rule; its parts live in
+``execution``, ``compare``, ``case_check`` and ``results``). This package imports no torch
+until a check runs, so the CLI can build its parser cheaply.
 """
 
 from __future__ import annotations

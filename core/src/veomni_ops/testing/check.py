@@ -4,6 +4,9 @@
     veomni-ops check --backend liger          one backend (kernel name, entry point or distribution)
     veomni-ops check --op rms_norm --json     one op, machine-readable
     veomni-ops check --plugin my_pkg.specs    also load a spec module that is not installed yet
+    veomni-ops check --op rms_norm --case rows-3x17   one case (by its name: `-v` lists them)
+    veomni-ops check --backend liger --compile   also torch.compile(fullgraph=True) each kernel
+    veomni-ops check --backend triton --deterministic   also bitwise the same on a second run
 
 Each kernel is resolved by name exactly as a config would select it (``load=True``); one
 that cannot be had here is listed as skipped with the reason. Every usable one is run on
@@ -41,6 +44,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, help="seed of the random inputs (default: fresh, printed)")
     parser.add_argument("--plugin", action="append", default=[], metavar="MODULE",
                         help="also load this spec module as a plugin (e.g. a backend not installed yet)")
+    parser.add_argument("--case", action="append", metavar="NAME",
+                        help="only the cases of this name (repeatable; `-v` lists the names)")
+    parser.add_argument("--compile", action="store_true",
+                        help="also run each checked kernel under torch.compile(fullgraph=True) against its uncompiled "
+                             "result: a kernel declaring supports_compile=True fails if it breaks; for one declaring "
+                             "False the outcome is reported (could it declare True?)")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="also run every case twice on the same inputs: a kernel whose outputs or gradients "
+                             "differ in any bit fails (for kernels that promise determinism)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("-v", "--verbose", action="store_true", help="list every case, not only failures")
 
@@ -85,7 +97,9 @@ def run(args: argparse.Namespace) -> int:
     show = None if args.json else _progress()
     report = run_checks(registry, backend=args.backend, op=args.op, device=args.device,
                         size=getattr(args, "size", None), dtypes=getattr(args, "dtype", None), seed=seed,
-                        progress=show)
+                        progress=show, cases=getattr(args, "case", None),
+                        compile=bool(getattr(args, "compile", False)),
+                        deterministic=bool(getattr(args, "deterministic", False)))
     if show:
         sys.stderr.write("\r" + " " * 100 + "\r")
     if args.json:

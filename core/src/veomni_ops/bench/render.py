@@ -1,0 +1,142 @@
+"""Rendering a result: the text table ``veomni-ops bench`` prints, and the Markdown written
+beside the JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+
+def shape_text(shape: dict[str, int]) -> str:
+    return " ".join(f"{k}={v}" for k, v in shape.items())
+
+
+def _fmt(x: Any, spec: str = ".3f") -> str:
+    if x is None:
+        return "-"
+    return format(x, spec)
+
+
+def row_ceilings(result: dict[str, Any], r: dict[str, Any]) -> dict[str, Any]:
+    """The ceilings measured in the run that produced ``r`` (a merged result keeps each part's)."""
+    parts = result.get("parts")
+    if parts and r.get("part") is not None:
+        return parts[r["part"]].get("ceilings", {})
+    return result.get("ceilings", {})
+
+
+def rate_cells(r: dict[str, Any], ceilings: dict[str, Any]) -> tuple[str, str]:
+    if r.get("tbps") is not None:
+        c = ceilings.get("copy_tbps")
+        return f"{r['tbps']:.3g} TB/s", (f"{100 * r['tbps'] / c:.0f}%" if c else "-")
+    if r.get("tflops") is not None:
+        c = ceilings.get("matmul_tflops")
+        return f"{r['tflops']:.3g} TFLOP/s", (f"{100 * r['tflops'] / c:.0f}%" if c else "-")
+    return "-", "-"
+
+
+TABLE_HEAD = ("preset", "op", "variant", "pass", "kernel", "dtype", "wall ms", "kernel ms", "rate", "of ceiling",
+              "peak GiB", "vs eager")
+
+
+def table_rows(result: dict[str, Any]) -> list[tuple[str, ...]]:
+    out = []
+    for r in result["rows"]:
+        rate, frac = rate_cells(r, row_ceilings(result, r))
+        if r.get("error") and r.get("wall_ms") is None:
+            rate, frac = f"error: {r['error']}"[:60], "-"
+        vs = r.get("vs_eager")
+        out.append((r["preset"], r["op"], r["variant"], r["pass"], r["kernel"], r["dtype"],
+                    _fmt(r["wall_ms"]), _fmt(r["kernel_ms"]), rate, frac, _fmt(r["peak_gib"], ".2f"),
+                    f"{vs:.2f}x" if vs else "-"))
+    return out
+
+
+def render_text(result: dict[str, Any]) -> str:
+    c = result.get("ceilings", {})
+    lines = [f"veomni-ops bench on {result['device_name']} ({result['device']}), {result['date']}",
+             f"ceilings: copy {_fmt(c.get('copy_tbps'), '.3g')} TB/s, matmul {_fmt(c.get('matmul_tflops'), '.3g')} "
+             f"TFLOP/s ({c.get('matmul', '')})"]
+    rows = [TABLE_HEAD] + table_rows(result)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(TABLE_HEAD))]
+    for i, r in enumerate(rows):
+        lines.append("  ".join(x.ljust(wd) for x, wd in zip(r, widths)).rstrip())
+        if i == 0:
+            lines.append("  ".join("-" * wd for wd in widths))
+    for s in result.get("skipped", []):
+        lines.append(f"skipped {s['preset']} {s['op']}/{s['variant']} {s['kernel']}: {s['reason']}")
+    return "\n".join(lines)
+
+
+def render_markdown(result: dict[str, Any]) -> str:
+    c = result.get("ceilings", {})
+    t = result.get("timing", {})
+    lines = [
+        f"# veomni-ops bench: {result['device_name']} ({result['device']}), {result['date']}",
+        "",
+        f"Command: `{result.get('command', '')}`",
+        "",
+        f"Ceilings measured in the same run: device-to-device copy {_fmt(c.get('copy_tbps'), '.3g')} TB/s "
+        f"(bytes read + written), matmul {_fmt(c.get('matmul_tflops'), '.3g')} TFLOP/s ({c.get('matmul', '')}).",
+        f"Timing: median wall time ({t.get('wall')}; warm-up {t.get('warmup_ms')} ms, repeats {t.get('rep_ms')} ms)"
+        + (f"; kernel time: {t['kernel']}" if t.get("kernel") else "; no kernel time off CUDA") + ".",
+        "",
+        "Versions: " + ", ".join(f"{k} {v}" for k, v in result.get("versions", {}).items()),
+        "",
+    ]
+    if result.get("environment"):
+        lines += ["Environment: " + ", ".join(f"`{k}={v}`" for k, v in result["environment"].items()), ""]
+    if result.get("parts"):
+        lines += [f"Merged from {len(result['parts'])} runs on this device (`--from` repeated); each row's "
+                  "\"of ceiling\" uses the ceilings measured in its own run:", ""]
+        for i, part in enumerate(result["parts"]):
+            pc = part.get("ceilings", {})
+            lines.append(f"{i + 1}. `{part.get('command', '')}` ({part.get('started', '')}; copy "
+                         f"{_fmt(pc.get('copy_tbps'), '.3g')} TB/s, matmul {_fmt(pc.get('matmul_tflops'), '.3g')} "
+                         f"TFLOP/s{'; cut short' if part.get('partial') else ''})")
+        lines.append("")
+    by_preset: dict[str, list[dict[str, Any]]] = {}
+    for r in result["rows"]:
+        by_preset.setdefault(r["preset"], []).append(r)
+    for preset, rows in by_preset.items():
+        desc = result.get("presets", {}).get(preset, "")
+        lines += [f"## {preset}", "", desc, ""]
+        head = ("op", "variant", "shape", "pass", "kernel", "wall ms", "kernel ms", "rate", "of ceiling",
+                "peak GiB", "vs eager")
+        lines.append("| " + " | ".join(head) + " |")
+        lines.append("|" + "---|" * len(head))
+        for r in rows:
+            rate, frac = rate_cells(r, row_ceilings(result, r))
+            if r.get("error") and r.get("wall_ms") is None:
+                rate, frac = f"error: {r['error']}", "-"
+            vs = r.get("vs_eager")
+            cells = (r["op"], r["variant"], f"{shape_text(r['shape'])} {r['dtype']}", r["pass"],
+                     f"{r['kernel']} ({r['distribution']} {r['version']})", _fmt(r["wall_ms"]), _fmt(r["kernel_ms"]),
+                     rate, frac, _fmt(r["peak_gib"], ".2f"), f"{vs:.2f}x" if vs else "-")
+            lines.append("| " + " | ".join(str(x).replace("|", "/") for x in cells) + " |")
+        lines.append("")
+    if result.get("skipped"):
+        lines += ["## Not run here", ""]
+        lines += [f"- {s['preset']} {s['op']}/{s['variant']} `{s['kernel']}` ({s['distribution']}): {s['reason']}"
+                  for s in result["skipped"]]
+        lines.append("")
+    lines += ["## Formulas (minimal bytes or FLOPs per call; s = bytes per element)", ""]
+    lines += [f"- {k}: {v}" for k, v in result.get("formulas", {}).items()]
+    return "\n".join(lines) + "\n"
+
+
+def default_json_path(result: dict[str, Any]) -> str:
+    return os.path.join("benchmarks", "results", f"{result['device']}-{result['date']}.json")
+
+
+def write_results(result: dict[str, Any], path: str) -> tuple[str, str]:
+    """Write ``path`` (JSON) and the Markdown rendering beside it (``.md``)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as fh:
+        json.dump(result, fh, indent=1)
+        fh.write("\n")
+    md = os.path.splitext(path)[0] + ".md"
+    with open(md, "w") as fh:
+        fh.write(render_markdown(result))
+    return path, md

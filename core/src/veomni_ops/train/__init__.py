@@ -1,0 +1,92 @@
+"""``veomni-ops train CONFIG.yaml [--compare OTHER.yaml] [--baseline NAME]... [--json] [--plot PNG]``: the main job.
+
+Builds a transformers model (random weights from train.seed, initialised in float32 on the
+training device, then cast to train.dtype; no download), resolves and prints the kernel plan,
+binds it, and trains N steps of AdamW on synthetic token data.
+
+    model:
+      architecture: qwen3          # llama, qwen2, qwen3, qwen3_moe, qwen3_5 (offset norm, partial rotary)
+      size: tiny                   # tiny, small
+      config: {num_hidden_layers: 4}          # optional: overrides of the config's fields
+      ops_implementation: {rms_norm_implementation: auto, ...}
+    train: {batch_size: 4, seq_len: 128, steps: 20, lr: 1.0e-3, dtype: float32, device: auto, seed: 0,
+            compile: false}
+    parallel: {dp_shard: 2, sp: 2, ep: 2}    # optional: FSDP2 / Ulysses / experts over torchrun's processes
+
+With ``parallel:`` (or under ``torchrun --nproc-per-node N``) every process is one rank of the job
+(:mod:`veomni_ops.parallel`): the plan is resolved for the layout and its kernels wrapped, the
+model FSDP2-sharded, each rank trains its part of the same global batch, and rank 0 reports the
+global loss (the one-process loss). Without either, one process, as before.
+
+The model's shapes come from one of two places:
+
+* ``architecture`` + ``size``: a preset of ours (``SIZES``) for one of ``ARCHITECTURES``.
+* ``config_file: PATH``: a transformers ``config.json`` (or the folder holding one), e.g. a
+  real checkpoint's config with fewer layers. A relative PATH is read from the YAML's folder.
+  The architecture is the file's ``model_type``, built through
+  ``AutoModelForCausalLM.from_config``; ``size`` is refused and ``architecture``, if given,
+  must equal ``model_type``. The file is used as it is: preset extras such as
+  ``output_router_logits`` are not added (set them under ``config``). ``config: PATH`` (a
+  string) is accepted as a short form of ``config_file: PATH`` with no overrides.
+
+``config`` (a mapping) overrides fields of either, before the config is built (a shorter
+``num_hidden_layers`` also shortens a file's ``layer_types``).
+
+``train.compile: true`` binds with ``veomni_ops.apply(model, ops, compile=True)`` (``auto``
+then picks only kernels that support torch.compile) and wraps the model in
+``torch.compile``. Tokens/s is the median over the steady steps: the first step (allocation,
+autotuning) is excluded, and the first two when compiled (compilation); the spread
+(p25..p75, min..max) of the same steps is shown beside it.
+
+Comparisons, each run in its own process (so its peak memory is its own), all from the first
+config's seed (so the same data):
+
+* ``--compare OTHER``: a second job YAML.
+* ``--baseline NAME`` (repeatable): the first config's job (model, data, steps, dtype, batch),
+  without veomni-ops:
+  ``transformers`` (plain transformers, ``attn_implementation="sdpa"``),
+  ``transformers+compile`` (the same under ``torch.compile``), ``liger`` (Liger-Kernel's own
+  monkey patch for the model type, on the instance; needs liger-kernel and a GPU).
+
+After comparing, every run's losses are checked: each must be finite, and at every step
+``|loss - loss of the first run| <= TOL * max(|loss of the first run|, 1)``. TOL is
+``--loss-tol``, by default 1e-3 when every run is float32/float64 and 2e-2 when any run is
+bfloat16/float16 (see ``default_loss_tol``). Any failure prints FAIL and exits 1 (a single run
+is checked for non-finite losses only). ``--steps N``
+overrides train.steps of every run; ``--json`` prints everything as JSON on stdout;
+``--plot PNG`` draws the loss curves and tokens/s of every run (needs matplotlib).
+
+The package, one concern a module: :mod:`~veomni_ops.train.job` (the YAML),
+:mod:`~veomni_ops.train.model` (model, data, device), :mod:`~veomni_ops.train.baselines`,
+:mod:`~veomni_ops.train.loop` (one run, in this process or a child), :mod:`~veomni_ops.train.report`
+(the loss check, ratios, chart) and :mod:`~veomni_ops.train.command` (``configure``, ``run``).
+Nothing here imports torch at module level: the CLI imports this package to build its parser.
+"""
+
+from __future__ import annotations
+
+from .baselines import BASELINES, check_baseline, liger_version
+from .command import configure, run
+from .job import ARCHITECTURES, SIZES, TRAIN_DEFAULTS, RunFailed, TrainConfigError, load_job, read_config_file
+from .loop import is_parallel, rate_stats, run_child, train_one
+from .model import build_config, build_model, synthetic_batches
+from .report import (
+    LOSS_TOL_FP32,
+    LOSS_TOL_LOW_PRECISION,
+    LOW_PRECISION_DTYPES,
+    check_run,
+    compare,
+    default_loss_tol,
+    plot,
+    print_report,
+    report,
+    tolerance_rule,
+)
+
+__all__ = [
+    "ARCHITECTURES", "BASELINES", "LOSS_TOL_FP32", "LOSS_TOL_LOW_PRECISION", "LOW_PRECISION_DTYPES", "SIZES",
+    "TRAIN_DEFAULTS", "RunFailed", "TrainConfigError", "build_config", "build_model", "check_baseline", "check_run",
+    "compare", "configure", "default_loss_tol", "is_parallel", "liger_version", "load_job", "plot", "print_report",
+    "rate_stats", "read_config_file", "report", "run", "run_child", "synthetic_batches", "tolerance_rule",
+    "train_one",
+]

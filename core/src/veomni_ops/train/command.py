@@ -1,0 +1,157 @@
+"""The ``veomni-ops train`` command: its options, and the runs, comparisons and report it makes."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import sys
+from typing import Any
+
+from .baselines import BASELINES, check_baseline, compile_apply
+from .job import RunFailed, TrainConfigError, load_job
+from .loop import is_parallel, rank, run_child, train_one
+from .report import LOSS_TOL_FP32, LOSS_TOL_LOW_PRECISION, compare, finite_json, plot, print_report, report
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of steps >= 1, got {text!r}")
+    return n
+
+
+def _positive_float(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        x = -1.0
+    if not (x > 0 and math.isfinite(x)):
+        raise argparse.ArgumentTypeError(f"expected a relative tolerance > 0 (e.g. 1e-3), got {text!r}")
+    return x
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="job YAML (model: architecture and size, or config_file; ops_implementation; "
+                                  "train: ...); see examples/")
+    p.add_argument("--compare", metavar="OTHER", help="train this job YAML too, same seed and data, and compare")
+    p.add_argument("--baseline", action="append", metavar="NAME", choices=list(BASELINES), default=[],
+                   help="also train CONFIG's job without veomni-ops, as NAME (repeatable): "
+                        + "; ".join(f"{k}: {v}" for k, v in BASELINES.items()))
+    p.add_argument("--loss-tol", type=_positive_float, metavar="TOL",
+                   help="relative loss tolerance of the comparison: a run FAILs (exit 1) when |loss - loss of the "
+                        "first run| > TOL x max(|loss of the first run|, 1) at any step, or when any loss is not "
+                        f"finite. Default {LOSS_TOL_FP32:g} when every run is float32, {LOSS_TOL_LOW_PRECISION:g} "
+                        "when any run is bfloat16/float16")
+    p.add_argument("--steps", type=_positive_int, metavar="N", help="override train.steps (of every run)")
+    p.add_argument("--seed", type=int, help="override train.seed (of every run)")
+    p.add_argument("--json", action="store_true", help="print the results as JSON on stdout (progress on stderr)")
+    p.add_argument("--plot", metavar="PATH.png", help="draw every run's loss curve and tokens/s into a PNG "
+                                                      "(needs matplotlib)")
+    p.add_argument("--result-file", help=argparse.SUPPRESS)
+    p.add_argument("--as-baseline", choices=list(BASELINES), help=argparse.SUPPRESS)
+
+
+def _load(path: str, args: argparse.Namespace) -> dict[str, Any]:
+    job = load_job(path)
+    if args.seed is not None:
+        job["train"]["seed"] = args.seed
+    if args.steps is not None:
+        job["train"]["steps"] = args.steps
+    return job
+
+
+def _run_as_child(args: argparse.Namespace) -> int:
+    """Train one job and write its result, or ``{"error": ..., "kind": ...}``, to ``--result-file``."""
+    from ..binding import BindingError
+    from ..config import ConfigError
+    from ..device import DeviceError
+    from ..discovery import PluginLoadError
+    from ..reporting import ENV_TRACE, error_text
+    from ..resolve import ResolutionError
+
+    try:
+        res = train_one(_load(args.config, args), baseline=args.as_baseline)
+    except Exception as e:
+        refusal = isinstance(e, (ConfigError, TrainConfigError, FileNotFoundError, ResolutionError, BindingError,
+                                 DeviceError, PluginLoadError))
+        message = error_text(e, refusal=refusal)
+        if os.environ.get(ENV_TRACE, "") not in ("", "0"):
+            import traceback
+
+            traceback.print_exc()
+        elif not refusal:
+            message += f" (set {ENV_TRACE}=1 for the traceback)"
+        with open(args.result_file, "w") as fh:
+            json.dump({"error": message, "kind": type(e).__name__}, fh)
+        return 1
+    with open(args.result_file, "w") as fh:
+        json.dump(res, fh)
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.result_file:  # child mode: a failure is written for the parent to report, in one line
+        return _run_as_child(args)
+    job = _load(args.config, args)
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        raise TrainConfigError("--plot needs matplotlib, which is not installed here: pip install matplotlib")
+    for name in args.baseline:
+        check_baseline(name, job)
+    jobs = [job] + ([_load(args.compare, args)] if args.compare else [])  # fail fast on a bad second config
+    if any(j["train"]["compile"] for j in jobs):
+        from ..binding import apply
+
+        compile_apply(apply)
+    human = sys.stderr if args.json else sys.stdout
+    seed = job["train"]["seed"]
+    if is_parallel(job):  # one rank of a parallel job (torchrun): rank 0 reports
+        if args.compare or args.baseline:
+            raise TrainConfigError("--compare and --baseline run each job in a process of its own; run them without "
+                                   "torchrun (or compare the losses of separate runs)")
+        from ..parallel import ParallelFailure
+
+        try:
+            runs = [train_one(job, out=human)]
+        except ParallelFailure as e:
+            raise RunFailed(str(e)) from e
+        if rank() != 0:
+            return 0
+    elif not args.compare and not args.baseline:
+        runs = [train_one(job, out=human)]
+    else:
+        specs: list[tuple[str, str | None, str]] = [(args.config, None, args.config)]
+        if args.compare:
+            specs.append((args.compare, None, args.compare))
+        specs += [(args.config, name, f"baseline {name} ({BASELINES[name]})") for name in args.baseline]
+        runs = []
+        for path, baseline, title in specs:
+            print(f"== {title}", file=human, flush=True)
+            runs.append(run_child(path, seed, args.steps, baseline))
+    rep = report(runs, list(range(1, len(runs))), args.loss_tol)
+    if args.plot:
+        plot(runs, rep, args.plot)
+        print(f"plot: {args.plot}", file=human)
+    if args.json:
+        if len(runs) == 1:
+            out: dict[str, Any] = {**runs[0], "check": rep["checks"][0], "passed": rep["passed"]}
+        else:
+            out = {"runs": runs, **rep}
+            if args.compare:  # the keys --compare --json has always had
+                out.update(a=runs[0], b=runs[1], compare=compare(runs[0], runs[1]))
+        print(json.dumps(finite_json(out), indent=2))
+    elif len(runs) > 1:
+        print_report(runs, rep, human)
+    if not rep["passed"]:
+        failed = [c for c in rep["checks"] if not c["passed"]]
+        if len(runs) == 1 and not args.json:
+            print(f"FAIL {failed[0]['run']}: {failed[0]['message']}", file=human)
+        print(f"veomni-ops train: FAIL: {'; '.join(c['run'] + ': ' + c['message'] for c in failed)}. Rule: "
+              f"{rep['rule']}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,218 @@
+"""One training run: build, bind (or patch, for a baseline), compile where asked, train N steps;
+and the same in a child process of its own, so its peak memory is its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from .baselines import BASELINES, apply_liger, check_baseline, compile_apply, liger_version
+from .job import RunFailed, TrainConfigError
+from .model import build_config, build_model, peak_bytes, resolve_device, synthetic_batches
+
+
+def rate_stats(rates: list[float], warmup: int) -> dict[str, Any]:
+    """Median and spread of per-step tokens/s over the steps after ``warmup`` (all, if none is left)."""
+    steady = rates[warmup:] if len(rates) > warmup else list(rates)
+    first = warmup + 1 if len(rates) > warmup else 1
+    if len(steady) >= 2:
+        p25, _, p75 = statistics.quantiles(steady, n=4, method="inclusive")
+    else:
+        p25 = p75 = steady[0] if steady else float("nan")
+    return {
+        "tokens_per_s": statistics.median(steady) if steady else float("nan"),
+        "tokens_per_s_p25": p25, "tokens_per_s_p75": p75,
+        "tokens_per_s_min": min(steady, default=float("nan")), "tokens_per_s_max": max(steady, default=float("nan")),
+        "warmup_steps": warmup if len(rates) > warmup else 0, "timed_steps": [first, len(rates)],
+    }
+
+
+def _plan_device(device: str):
+    """The device to resolve the plan for: the detected one, unless the job trains on the CPU of a GPU machine."""
+    from ..device import DeviceInfo, current_device
+
+    if device.split(":")[0] == "cpu" and current_device().type != "cpu":
+        return DeviceInfo("cpu", None, "cpu")
+    return None
+
+
+def _prepare(job: dict[str, Any], baseline: str | None, device: str, dtype, out, rt=None) -> tuple[Any, dict[str, Any]]:
+    """Build the model for this run, bind or patch it, compile it where asked. Returns (model, facts).
+    ``rt``: the parallel runtime of this rank (the plan is resolved and wrapped for its layout, then FSDP2)."""
+    import torch
+    import transformers
+
+    compiled = bool(job["train"]["compile"]) if baseline is None else baseline.endswith("+compile")
+    if baseline is None:
+        from ..binding import apply
+
+        if compiled:
+            compile_apply(apply)
+        model = build_model(job, device).to(dtype=dtype)
+        kw: dict[str, Any] = {"device": _plan_device(device)}
+        if rt is not None:
+            rt.prepare(model)
+            kw["parallel"] = rt
+        binding = apply(model, job["ops"], compile=True, **kw) if compiled else apply(model, job["ops"], **kw)
+        print(binding.plan.table(), file=out)
+        print(f"bound: {json.dumps(binding.summary())}", file=out)
+        facts: dict[str, Any] = {"plan": binding.plan.to_dict(), "bound": binding.summary()}
+        if rt is not None:
+            print(rt.describe(), file=out)
+            model = rt.parallelize(model, binding, dtype)
+            facts["parallel"] = rt.to_dict()
+    else:
+        model = build_model(job, device, attn_implementation="sdpa").to(dtype=dtype)
+        facts = {"plan": None, "bound": None, "baseline_about": BASELINES[baseline],
+                 "transformers_version": transformers.__version__}
+        if baseline == "liger":
+            facts["liger_patch"] = apply_liger(model)
+            facts["liger_version"] = liger_version()
+        print(f"baseline {baseline}: {BASELINES[baseline]} (transformers {transformers.__version__}"
+              + (f", liger-kernel {facts['liger_version']}: {facts['liger_patch']}" if baseline == "liger" else "")
+              + ")", file=out)
+    if compiled:
+        model = torch.compile(model)
+        print("torch.compile: the first steps include compilation", file=out)
+    facts["compiled"] = compiled
+    return model, facts
+
+
+def rank() -> int:
+    return int(os.environ.get("RANK", "0") or 0)
+
+
+def is_parallel(job: dict[str, Any]) -> bool:
+    """Does this job run the parallel path: launched by torchrun (even with one process: the
+    world-size-1 NCCL/gloo path), or with a non-trivial ``parallel:`` layout?"""
+    from ..parallel.layout import world_from_env
+
+    under_torchrun = "WORLD_SIZE" in os.environ and "RANK" in os.environ
+    return under_torchrun or world_from_env() > 1 or (job.get("parallel") is not None
+                                                      and not job["parallel"].is_trivial)
+
+
+def train_one(job: dict[str, Any], out=sys.stderr, baseline: str | None = None) -> dict[str, Any]:
+    if baseline is None and is_parallel(job):
+        return _train_parallel(job, out)
+    return _train(job, out, baseline)
+
+
+def _train_parallel(job: dict[str, Any], out) -> dict[str, Any]:
+    """This rank's part of a parallel job (``veomni_ops.parallel``); only rank 0 prints."""
+    from ..parallel import ParallelLayout, ParallelRuntime
+    from ..parallel.layout import world_from_env
+
+    t = job["train"]
+    if t["compile"]:
+        raise TrainConfigError(f"{job['path']}: train.compile with a parallel layout is not supported yet "
+                               "(FSDP2/Ulysses/EP run eagerly here); set train.compile: false")
+    layout = job.get("parallel") or ParallelLayout.data_parallel(world_from_env())
+    layout.check_world(world_from_env())  # every rank refuses the same way, before any collective
+    layout.check_model(build_config(job))
+    layout.check_batch(int(t["batch_size"]))
+    with ParallelRuntime.from_env(layout, resolve_device(t["device"])) as rt:
+        if rt.rank != 0:
+            with open(os.devnull, "w") as quiet:
+                return _train(job, quiet, None, rt)
+        return _train(job, out, None, rt)
+
+
+def _train(job: dict[str, Any], out, baseline: str | None = None, rt=None) -> dict[str, Any]:
+    import torch
+
+    t = job["train"]
+    device = rt.device if rt is not None else resolve_device(t["device"])
+    if baseline is not None:
+        check_baseline(baseline, job, device)
+    dtype = getattr(torch, t["dtype"])
+    model, facts = _prepare(job, baseline, device, dtype, out, rt)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=float(t["lr"]))
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    steps, b, s = int(t["steps"]), int(t["batch_size"]), int(t["seq_len"])
+    warmup = 2 if facts["compiled"] else 1  # allocation and autotuning; compilation too when compiled
+    losses, rates = [], []
+    width = 20
+    for i, ids in enumerate(synthetic_batches(model.config.vocab_size, b, s, steps, t["seed"], device)):
+        t0 = time.perf_counter()
+        # Under a parallel layout each rank trains its rows and sequence slice of the same global batch.
+        outp = model(input_ids=ids, labels=ids) if rt is None else model(**rt.shard_batch(ids))
+        outp.loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss = float(outp.loss.detach()) if rt is None else rt.global_loss(outp.loss)  # the one host sync per step
+        dt = time.perf_counter() - t0
+        rate = b * s / dt
+        losses.append(loss)
+        rates.append(rate)
+        peak, what = peak_bytes(device)
+        done = (i + 1) * width // steps
+        print(f"[{'#' * done}{'.' * (width - done)}] step {i + 1:>3}/{steps}  loss {loss:8.4f}  "
+              f"{rate:10.0f} tok/s  {what} {peak / 2**30:6.2f} GiB" + ("  (warm-up)" if i < warmup else ""),
+              file=out, flush=True)
+    peak, what = peak_bytes(device)
+    stats = rate_stats(rates, warmup)
+    result = {
+        "run": baseline or os.path.basename(job["path"]), "config": job["path"], "baseline": baseline,
+        "architecture": job["architecture"], "size": job["size"], "config_file": job.get("config_file"),
+        "device": device, "dtype": t["dtype"], "steps": steps, "batch_size": b, "seq_len": s, "seed": t["seed"],
+        **facts, "losses": losses, "final_loss": losses[-1] if losses else float("nan"),
+        **stats, "step_tokens_per_s": rates, "peak_gib": peak / 2**30, "peak_kind": what,
+    }
+    lo, hi = stats["timed_steps"]
+    print(f"done: final loss {result['final_loss']:.4f}, median {stats['tokens_per_s']:.0f} tok/s over steps "
+          f"{lo}..{hi} ({stats['warmup_steps']} warm-up step(s) excluded; p25..p75 {stats['tokens_per_s_p25']:.0f}.."
+          f"{stats['tokens_per_s_p75']:.0f}, min..max {stats['tokens_per_s_min']:.0f}..{stats['tokens_per_s_max']:.0f})"
+          f", {what} {result['peak_gib']:.2f} GiB", file=out)
+    return result
+
+
+def run_child(path: str, seed: int | None, steps: int | None = None, baseline: str | None = None) -> dict[str, Any]:
+    """Train ``path`` (as ``baseline`` if given) in a fresh process so its peak memory is its own."""
+    with tempfile.NamedTemporaryFile("r", suffix=".json", delete=False) as fh:
+        out_path = fh.name
+    cmd = [sys.executable, "-m", "veomni_ops.cli", "train", path, "--result-file", out_path]
+    if seed is not None:
+        cmd += ["--seed", str(seed)]
+    if steps is not None:
+        cmd += ["--steps", str(steps)]
+    if baseline is not None:
+        cmd += ["--as-baseline", baseline]
+    try:
+        try:
+            sink: int | None = sys.stderr.fileno()
+        except (AttributeError, OSError, ValueError):  # a stream with no descriptor (captured): pass it through
+            sink = None
+        if sink is not None:
+            proc = subprocess.run(cmd, stdout=sink, stderr=sink)
+        else:
+            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            sys.stderr.write(proc.stdout)
+        what = f"baseline {baseline} of {path}" if baseline else path
+        if proc.returncode != 0:
+            # The child wrote why into the result file (_run_as_child); a crash that could not is told by its exit.
+            why = _child_error(out_path)
+            raise RunFailed(f"training {what} failed: {why}" if why else
+                            f"training {what} failed (exit {proc.returncode}); see the output above")
+        with open(out_path) as fh:
+            return json.load(fh)
+    finally:
+        os.unlink(out_path)
+
+
+def _child_error(path: str) -> str | None:
+    """The error a failed child run wrote into its result file, if it could."""
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return data.get("error") if isinstance(data, dict) and isinstance(data.get("error"), str) else None
