@@ -12,7 +12,7 @@ from veomni_ops import bench as B
 from veomni_ops.backends import reference
 
 ROW_KEYS = {"op", "variant", "kernel", "distribution", "version", "preset", "shape", "dtype", "pass", "wall_ms",
-            "kernel_ms", "tbps", "tflops", "peak_gib"}
+            "kernel_ms", "tbps", "tflops", "peak_gib", "extra_gib", "peer"}
 
 
 def _mine(gate, up):
@@ -67,7 +67,8 @@ def test_json_schema(result_file):
         if torch.cuda.is_available():
             assert r["kernel_ms"] > 0 and r["peak_gib"] > 0
         else:
-            assert r["kernel_ms"] is None and r["peak_gib"] is None
+            assert r["kernel_ms"] is None and r["peak_gib"] is None and r["extra_gib"] is None
+        assert r["peer"] is False
     eager = [r for r in rows if r["kernel"] == "eager"]
     assert all(r["vs_eager"] == 1.0 for r in eager)
     # TB/s is the op's minimal bytes over the measured time: 3·N·I·4 bytes forward
@@ -247,3 +248,30 @@ def test_cpu_timer_is_a_median():
     t = B.Timer(torch.device("cpu"), warmup_ms=0.0, rep_ms=0.0, min_reps=7)
     ms = t.wall_ms(lambda: calls.append(1))
     assert ms >= 0 and len(calls) >= 8  # one warm-up call, then at least min_reps timed
+
+
+def test_peers_are_rows_where_installed_and_say_so(monkeypatch):
+    """A peer (another project's kernel, not registered) is measured beside the kernels where its
+    distribution is installed and it runs on this device; elsewhere it is listed as not run, with
+    the reason; an uninstalled one is absent; a --backend filter leaves peers out."""
+    from veomni_ops.bench import peers as P
+
+    fake = [
+        P.Peer("torch-silu", "pytest", "swiglu", "standard", lambda: _mine, "F.silu(gate) * up",
+               device_types=("cpu", "cuda")),
+        P.Peer("gpu-only", "pytest", "swiglu", "standard", lambda: _mine, "a CUDA kernel", device_types=("cuda",)),
+        P.Peer("absent", "no-such-distribution-xyz", "swiglu", "standard", lambda: _mine, "not installed"),
+    ]
+    monkeypatch.setattr(P, "PEERS", tuple(fake))
+    res = B.run_bench(presets=["cpu-small"], op="swiglu", registry=registry(), warmup_ms=1, rep_ms=2,
+                      progress=False)
+    peer_rows = [r for r in res["rows"] if r["peer"]]
+    assert {(r["kernel"], r["pass"]) for r in peer_rows} == {("torch-silu", "fwd"), ("torch-silu", "fwd+bwd")}
+    assert all(r["distribution"] == "pytest" and r["error"] is None and r["wall_ms"] > 0 for r in peer_rows)
+    skipped = {s["kernel"]: s["reason"] for s in res["skipped"]}
+    assert skipped.get("gpu-only") == "peer, runs on cuda only" and "absent" not in skipped
+    md = B.render_markdown(res)
+    assert "torch-silu (peer) (pytest " in md and "extra GiB" in md
+    res2 = B.run_bench(presets=["cpu-small"], op="swiglu", backend="mine", registry=registry(), warmup_ms=1,
+                       rep_ms=2, progress=False)
+    assert not any(r["peer"] for r in res2["rows"])

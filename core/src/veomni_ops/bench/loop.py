@@ -7,35 +7,66 @@ import datetime as _dt
 import math
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .environment import device_info, environment, versions
-from .timing import Timer, kernel_ms, measure_ceilings, peak_gib
+from .peers import peers_for
+from .timing import GIB, Timer, kernel_ms, measure_ceilings, peak_gib
 from .workloads import CPU_DEFAULT, FORMULAS, GPU_DEFAULT, PASSES, PRESETS, Workload, build_inputs, workloads
 
 
-def _kernels_for(registry: Any, w: Workload, dev_info: Any, backend: str | None):
-    """``[(registered kernel, callable or None, why not)]`` for the workload's op and variant;
-    eager always, others filtered by ``backend``."""
+@dataclass(frozen=True)
+class Candidate:
+    """One row source of a workload: a registered kernel, or a peer (``bench/peers.py``)."""
+
+    name: str
+    distribution: str
+    version: str
+    supports_backward: bool
+    fn: Any  #: the callable, or None when it cannot run here
+    why: str = ""  #: why not, when ``fn`` is None
+    peer: bool = False
+
+
+def _kernels_for(registry: Any, w: Workload, dev_info: Any, backend: str | None) -> list[Candidate]:
+    """The registered kernels of the workload's op and variant (eager always, others filtered by
+    ``backend``), eager first: the baseline every other row is compared with; then, without a
+    ``backend`` filter, the installed peers."""
     from ..resolve import static_problem
     from ..testing.runner import backend_matches, resolve_kernel
 
-    out = []
+    found = []
     for rk in registry.for_op(w.op, w.variant):
         if backend is not None and rk.spec.name != "eager" and not backend_matches(rk, backend):
             continue
         why = static_problem(rk.spec, dev_info, dtype=w.dtype, training=False)
-        if why is not None:
-            out.append((rk, None, why))
-            continue
-        try:
-            out.append((rk, resolve_kernel(rk, registry, dev_info), ""))
-        except Exception as e:  # ResolutionError (e.g. import failed): reported, not fatal
-            reasons = getattr(e, "refusals", None)
-            out.append((rk, None, "; ".join(r.why for r in reasons) if reasons else f"{type(e).__name__}: {e}"))
-    # eager first: the baseline every other row is compared with
-    out.sort(key=lambda t: (t[0].spec.name != "eager", -t[0].spec.priority, t[0].spec.name))
+        fn = None
+        if why is None:
+            try:
+                fn = resolve_kernel(rk, registry, dev_info)
+            except Exception as e:  # ResolutionError (e.g. import failed): reported, not fatal
+                reasons = getattr(e, "refusals", None)
+                why = "; ".join(r.why for r in reasons) if reasons else f"{type(e).__name__}: {e}"
+        found.append((rk, Candidate(rk.spec.name, rk.provenance.distribution, rk.provenance.version,
+                                    rk.spec.supports_backward, fn, why or "")))
+    found.sort(key=lambda t: (t[0].spec.name != "eager", -t[0].spec.priority, t[0].spec.name))
+    out = [c for _, c in found]
+    if backend is None:
+        out += [_peer(p, dev_info) for p in peers_for(w.op, w.variant)]
     return out
+
+
+def _peer(p: Any, dev_info: Any) -> Candidate:
+    version = p.version() or "?"
+    if dev_info.type not in p.device_types:
+        return Candidate(p.name, p.distribution, version, True, None,
+                         f"peer, runs on {'/'.join(p.device_types)} only", peer=True)
+    try:
+        return Candidate(p.name, p.distribution, version, True, p.load(), peer=True)
+    except Exception as e:  # installed but broken: a skipped row that says why
+        return Candidate(p.name, p.distribution, version, True, None, f"peer failed to import: "
+                         f"{type(e).__name__}: {e}", peer=True)
 
 
 def _closures(fn, inputs, diff, harness, device):
@@ -73,7 +104,8 @@ def _closures(fn, inputs, diff, harness, device):
                     cots.append(torch.randn(o.shape, generator=g, device=device, dtype=torch.float32).to(o.dtype))
         return torch.autograd.grad(outs, leaves, cots, allow_unused=True)
 
-    return {"fwd": fwd, "fwd+bwd": fwd_bwd}
+    grad_bytes = sum(t.numel() * t.element_size() for t in leaves)
+    return {"fwd": (fwd, 0), "fwd+bwd": (fwd_bwd, grad_bytes)}
 
 
 def _is_oom(e: BaseException) -> bool:
@@ -116,7 +148,7 @@ def run_bench(
     ceilings = measure_ceilings(device, timer)
     env = environment()
     plan = [(w, _kernels_for(reg, w, dev_info, backend)) for w in wls]
-    total = sum(len([k for k in ks if k[1] is not None]) * len(passes) for _, ks in plan)
+    total = sum(len([k for k in ks if k.fn is not None]) * len(passes) for _, ks in plan)
     bar = _Progress(total, enabled=progress)
     rows: list[dict[str, Any]] = []
     skipped: list[dict[str, Any]] = []
@@ -151,26 +183,27 @@ def run_bench(
         try:
             inputs, diff = build_inputs(w, device)
         except Exception as e:
-            for rk, fn, _ in kernels:
-                if fn is not None:
+            for c in kernels:
+                if c.fn is not None:
                     for p in passes:
-                        rows.append(_row(w, rk, p, error=f"building inputs failed: {type(e).__name__}: {e}"))
+                        rows.append(_row(w, c, p, error=f"building inputs failed: {type(e).__name__}: {e}"))
                         bar.step(f"{w.preset} {w.op}")
             continue
-        for rk, fn, why in kernels:
-            if fn is None:
-                skipped.append({"op": w.op, "variant": w.variant, "kernel": rk.spec.name, "preset": w.preset,
-                                "distribution": rk.provenance.distribution, "reason": why})
+        for c in kernels:
+            if c.fn is None:
+                skipped.append({"op": w.op, "variant": w.variant, "kernel": c.name, "preset": w.preset,
+                                "distribution": c.distribution, "reason": c.why})
                 continue
-            closures = _closures(fn, inputs, diff, h, device)
+            closures = _closures(c.fn, inputs, diff, h, device)
             for p in passes:
-                if p == "fwd+bwd" and not rk.spec.supports_backward:
-                    skipped.append({"op": w.op, "variant": w.variant, "kernel": rk.spec.name, "preset": w.preset,
-                                    "distribution": rk.provenance.distribution, "reason": "fwd+bwd: no backward"})
-                    bar.step(f"{w.preset} {w.op}/{w.variant} {rk.spec.name} {p} (no backward)")
+                if p == "fwd+bwd" and not c.supports_backward:
+                    skipped.append({"op": w.op, "variant": w.variant, "kernel": c.name, "preset": w.preset,
+                                    "distribution": c.distribution, "reason": "fwd+bwd: no backward"})
+                    bar.step(f"{w.preset} {w.op}/{w.variant} {c.name} {p} (no backward)")
                     continue
-                bar.step(f"{w.preset} {w.op}/{w.variant} {rk.spec.name} {p}")
-                rows.append(_measure(w, rk, p, closures[p], device, timer, profile_calls))
+                bar.step(f"{w.preset} {w.op}/{w.variant} {c.name} {p}")
+                fn, grad_bytes = closures[p]
+                rows.append(_measure(w, c, p, fn, grad_bytes, device, timer, profile_calls))
             del closures
             _free(device)
         del inputs
@@ -191,22 +224,27 @@ def _free(device: Any) -> None:
         torch.cuda.empty_cache()
 
 
-def _row(w: Workload, rk: Any, pass_: str, **kw: Any) -> dict[str, Any]:
+def _row(w: Workload, c: Candidate, pass_: str, **kw: Any) -> dict[str, Any]:
     row = {
-        "op": w.op, "variant": w.variant, "kernel": rk.spec.name, "distribution": rk.provenance.distribution,
-        "version": rk.provenance.version, "preset": w.preset, "shape": dict(w.shape), "dtype": w.dtype,
+        "op": w.op, "variant": w.variant, "kernel": c.name, "distribution": c.distribution,
+        "version": c.version, "peer": c.peer, "preset": w.preset, "shape": dict(w.shape), "dtype": w.dtype,
         "pass": pass_, "wall_ms": None, "kernel_ms": None, "tbps": None, "tflops": None, "peak_gib": None,
-        "error": None,
+        "extra_gib": None, "error": None,
     }
     row.update(kw)
     return row
 
 
-def _measure(w: Workload, rk: Any, pass_: str, fn: Callable[[], Any], device: Any, timer: Timer,
-             profile_calls: int) -> dict[str, Any]:
-    row = _row(w, rk, pass_)
+def _measure(w: Workload, c: Candidate, pass_: str, fn: Callable[[], Any], grad_bytes: int, device: Any,
+             timer: Timer, profile_calls: int) -> dict[str, Any]:
+    row = _row(w, c, pass_)
     try:
-        row["peak_gib"] = round_to(peak_gib(fn, device), 4)
+        before = _allocated(device)
+        peak = peak_gib(fn, device)
+        row["peak_gib"] = round_to(peak, 4)
+        if peak is not None and before is not None:
+            # beyond the inputs (resident before the call) and the gradients the call returns
+            row["extra_gib"] = round_to(max(0.0, peak - (before + grad_bytes) / GIB), 4)
         wall = timer.wall_ms(fn)
         row["wall_ms"] = round_to(wall, 5)
         try:
@@ -224,6 +262,16 @@ def _measure(w: Workload, rk: Any, pass_: str, fn: Callable[[], Any], device: An
         row["error"] = "out of memory" if _is_oom(e) else f"{type(e).__name__}: {str(e)[:300]}"
         row["wall_ms"] = row["kernel_ms"] = row["tbps"] = row["tflops"] = None
     return row
+
+
+def _allocated(device: Any) -> float | None:
+    """Bytes allocated on a CUDA device now (after a synchronisation); None elsewhere."""
+    if device.type != "cuda":
+        return None
+    import torch
+
+    torch.cuda.synchronize()
+    return float(torch.cuda.memory_allocated(device))
 
 
 def round_to(x: float | None, digits: int) -> float | None:

@@ -37,7 +37,12 @@ def rate_cells(r: dict[str, Any], ceilings: dict[str, Any]) -> tuple[str, str]:
 
 
 TABLE_HEAD = ("preset", "op", "variant", "pass", "kernel", "dtype", "wall ms", "kernel ms", "rate", "of ceiling",
-              "peak GiB", "vs eager")
+              "peak GiB", "extra GiB", "vs eager")
+
+
+def kernel_cell(r: dict[str, Any]) -> str:
+    """The kernel column: a peer (another project's kernel, not registered) says so."""
+    return f"{r['kernel']} (peer)" if r.get("peer") else r["kernel"]
 
 
 def table_rows(result: dict[str, Any]) -> list[tuple[str, ...]]:
@@ -47,9 +52,9 @@ def table_rows(result: dict[str, Any]) -> list[tuple[str, ...]]:
         if r.get("error") and r.get("wall_ms") is None:
             rate, frac = f"error: {r['error']}"[:60], "-"
         vs = r.get("vs_eager")
-        out.append((r["preset"], r["op"], r["variant"], r["pass"], r["kernel"], r["dtype"],
+        out.append((r["preset"], r["op"], r["variant"], r["pass"], kernel_cell(r), r["dtype"],
                     _fmt(r["wall_ms"]), _fmt(r["kernel_ms"]), rate, frac, _fmt(r["peak_gib"], ".2f"),
-                    f"{vs:.2f}x" if vs else "-"))
+                    _fmt(r.get("extra_gib"), ".3f"), f"{vs:.2f}x" if vs else "-"))
     return out
 
 
@@ -82,6 +87,10 @@ def render_markdown(result: dict[str, Any]) -> str:
         f"Timing: median wall time ({t.get('wall')}; warm-up {t.get('warmup_ms')} ms, repeats {t.get('rep_ms')} ms)"
         + (f"; kernel time: {t['kernel']}" if t.get("kernel") else "; no kernel time off CUDA") + ".",
         "",
+        "Peak GiB: the largest allocation during one call, inputs included; extra GiB: beyond the inputs "
+        "and the gradients the call returns. A (peer) row is another project's kernel as its users call it "
+        "(not a registered kernel).",
+        "",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in result.get("versions", {}).items()),
         "",
     ]
@@ -103,7 +112,7 @@ def render_markdown(result: dict[str, Any]) -> str:
         desc = result.get("presets", {}).get(preset, "")
         lines += [f"## {preset}", "", desc, ""]
         head = ("op", "variant", "shape", "pass", "kernel", "wall ms", "kernel ms", "rate", "of ceiling",
-                "peak GiB", "vs eager")
+                "peak GiB", "extra GiB", "vs eager")
         lines.append("| " + " | ".join(head) + " |")
         lines.append("|" + "---|" * len(head))
         for r in rows:
@@ -112,8 +121,9 @@ def render_markdown(result: dict[str, Any]) -> str:
                 rate, frac = f"error: {r['error']}", "-"
             vs = r.get("vs_eager")
             cells = (r["op"], r["variant"], f"{shape_text(r['shape'])} {r['dtype']}", r["pass"],
-                     f"{r['kernel']} ({r['distribution']} {r['version']})", _fmt(r["wall_ms"]), _fmt(r["kernel_ms"]),
-                     rate, frac, _fmt(r["peak_gib"], ".2f"), f"{vs:.2f}x" if vs else "-")
+                     f"{kernel_cell(r)} ({r['distribution']} {r['version']})", _fmt(r["wall_ms"]),
+                     _fmt(r["kernel_ms"]), rate, frac, _fmt(r["peak_gib"], ".2f"), _fmt(r.get("extra_gib"), ".3f"),
+                     f"{vs:.2f}x" if vs else "-")
             lines.append("| " + " | ".join(str(x).replace("|", "/") for x in cells) + " |")
         lines.append("")
     if result.get("skipped"):
