@@ -40,14 +40,14 @@ def merge_results(docs: Sequence[dict[str, Any]], names: Sequence[str] | None = 
                                  "--warmup-ms/--rep-ms")
     rows: list[dict[str, Any]] = []
     seen: dict[tuple, str] = {}
-    for i, (name, d) in enumerate(zip(names, docs)):
+    for i, (run_name, d) in enumerate(zip(names, docs)):
         for r in d.get("rows", []):
-            key = tuple(str(r.get(k)) for k in _ROW_KEY) + (shape_text(r.get("shape", {})),)
-            if key in seen:
-                raise ValueError(f"cannot merge: {name} and {seen[key]} both measured "
+            row_key = tuple(str(r.get(k)) for k in _ROW_KEY) + (shape_text(r.get("shape", {})),)
+            if row_key in seen:
+                raise ValueError(f"cannot merge: {run_name} and {seen[row_key]} both measured "
                                  f"{r['preset']} {r['op']}/{r['variant']} {r['kernel']} {r['pass']}; "
                                  "split the runs by --preset or --op so each row is measured once")
-            seen[key] = name
+            seen[row_key] = run_name
             rows.append({**r, "part": i})
     add_speedups(rows)
     presets: dict[str, str] = {}

@@ -46,7 +46,7 @@ def kernel_cell(r: dict[str, Any]) -> str:
 
 
 def table_rows(result: dict[str, Any]) -> list[tuple[str, ...]]:
-    out = []
+    out: list[tuple[str, ...]] = []
     for r in result["rows"]:
         rate, frac = rate_cells(r, row_ceilings(result, r))
         if r.get("error") and r.get("wall_ms") is None:

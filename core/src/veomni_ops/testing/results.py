@@ -177,7 +177,7 @@ class CheckReport:
                 unsup = sum(r.status == UNSUPPORTED for r in results)
                 bad = [r for r in results if not r.ok]
                 scored = [r for r in results if r.worst is not None]
-                worst = max(scored, key=lambda r: r.worst) if scored else None
+                worst = max(scored, key=lambda r: r.worst or 0.0) if scored else None
                 wtxt = f"{fmt_ratio(worst.worst)} ({worst.worst_in}, {worst.case})" if worst else "-"
                 if worst is not None and worst.baseline is not None:
                     wtxt += f"; eager {fmt_ratio(worst.baseline)}"
@@ -197,8 +197,8 @@ class CheckReport:
         lines = [f"veomni-ops check on {self.device}, {self.size} shapes, seed {self.seed} "
                  f"(worst error: max |a-b| / (atol*s + rtol*|b| + ulp) against float64 eager; pass <= 1, or in bf16/fp16 "
                  f"<= {BASELINE_FACTOR:g}x eager in the same dtype)"]
-        for i, r in enumerate(rows):
-            lines.append("  ".join(c.ljust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1])
+        for i, row in enumerate(rows):
+            lines.append("  ".join(c.ljust(w) for c, w in zip(row[:-1], widths)) + "  " + row[-1])
             if i == 0:
                 lines.append("  ".join("-" * w for w in widths) + "  ------")
         for f in self.load_failures:

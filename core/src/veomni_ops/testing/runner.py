@@ -40,6 +40,7 @@ The kit's modules: :mod:`~veomni_ops.testing.cases` (inputs per op, as data),
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -141,7 +142,7 @@ def resolve_kernel(rk: RegisteredKernel, registry: Registry, dev: DeviceInfo) ->
     """Resolve exactly ``rk`` by name (``load=True``); raises ResolutionError with the reason."""
     spec = rk.spec
     # The name a config writes for exactly this kernel: qualified where two distributions register it.
-    cfg = OpsConfig(**{OP_TO_FIELD[spec.op]: registry.name_of(rk)})
+    cfg = dataclasses.replace(OpsConfig(), **{OP_TO_FIELD[spec.op]: registry.name_of(rk)})
     plan = resolve(cfg, dev, needs={spec.op: [spec.variant]}, registry=registry, training=False, load=True)
     return plan.kernel(spec.op, spec.variant)
 

@@ -143,31 +143,22 @@ def _forward(
         else None
     grad_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if need_b else None
 
-    def logits_and_rows(start: int, end: int) -> torch.Tensor:
-        z = _logits(hidden[start:end], weight, bias)
-        _row_pass(z, labels[start:end], loss_rows[start:end], ignore_index, want_grad, index)
-        return z
-
-    def gradients(z: torch.Tensor, start: int, end: int) -> None:
-        nonlocal grad_w
-        h = hidden[start:end]
-        if need_h:
-            torch.mm(z, weight, out=grad_h[start:end])
-        if need_w:
-            if single:
-                grad_w = torch.mm(z.t(), h)
-            else:
-                add_weight_grad_(grad_w, z, h)
-        if need_b:
-            grad_b.add_(z.sum(0, dtype=torch.float32))
-
     # (Running chunk i+1's logits and row pass on a second stream beside chunk i's gradient
     # GEMMs was measured on the H100 and gained nothing: the GEMMs keep every SM busy.)
     for start in range(0, n, chunk):
         end = min(start + chunk, n)
-        z = logits_and_rows(start, end)
-        if want_grad:
-            gradients(z, start, end)
+        h = hidden[start:end]
+        z = _logits(h, weight, bias)
+        _row_pass(z, labels[start:end], loss_rows[start:end], ignore_index, want_grad, index)
+        if grad_h is not None:
+            torch.mm(z, weight, out=grad_h[start:end])
+        if need_w:
+            if grad_w is None:  # one chunk
+                grad_w = torch.mm(z.t(), h)
+            else:
+                add_weight_grad_(grad_w, z, h)
+        if grad_b is not None:
+            grad_b.add_(z.sum(0, dtype=torch.float32))
         del z
     return loss_rows.sum(), grad_h, grad_w, grad_b
 
