@@ -224,6 +224,20 @@ class OpsConfig:
         return {f: getattr(self, f) for f in FIELD_TO_OP}
 
 
+def as_config(config: OpsConfig | Mapping[str, Any] | str | os.PathLike | None) -> OpsConfig:
+    """An :class:`OpsConfig` from what ``resolve`` and ``apply`` accept: one, a mapping (a
+    plain or whole VeOmni config), a YAML path, or None (every op ``auto``)."""
+    if config is None:
+        return OpsConfig()
+    if isinstance(config, OpsConfig):
+        return config
+    if isinstance(config, Mapping):
+        return OpsConfig.from_dict(config)
+    if isinstance(config, (str, os.PathLike)):
+        return OpsConfig.from_yaml(config)
+    raise TypeError(f"config must be an OpsConfig, a mapping or a YAML path, got {type(config).__name__}")
+
+
 # ----------------------------------------------------------------------------------------
 # Checking
 # ----------------------------------------------------------------------------------------

@@ -32,8 +32,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Union
 
-from .config import AUTO, OP_TO_FIELD, OpsConfig
-from .device import DeviceInfo, check_hardware, current_device
+from .config import AUTO, OP_TO_FIELD, OpsConfig, as_config
+from .device import DeviceInfo, check_hardware, current_device, is_local
 from .discovery import ENV_ALLOW, ENV_DENY, ENV_STRICT, PluginLoadError, discover, strict_mode
 from .plan import KernelPlan, PlanEntry
 from .registry import FIRST_PARTY_DISTRIBUTIONS, ORIGINS, RegisteredKernel, Registry, origin_rank
@@ -356,7 +356,7 @@ def resolve(
     one this machine is not (``VEOMNI_OPS_DEVICE=cuda:9.0`` on a CPU box). Raises :class:`ResolutionError` listing
     every refusal.
     """
-    cfg = _as_config(config)
+    cfg = as_config(config)
     dev = current_device(device)
     if load is None:
         load = is_local(dev)
@@ -395,28 +395,6 @@ def resolve(
     if refusals:
         raise ResolutionError(refusals, dev)
     return KernelPlan(dev, cfg, tuple(entries), compile=compile)
-
-
-def is_local(dev: DeviceInfo) -> bool:
-    """Is ``dev`` this machine's device (so its kernels can be imported and run here)?"""
-    if not dev.overridden:
-        return True
-    from .device import _detected
-
-    here = _detected()
-    return dev.type == here.type and (dev.capability is None or dev.capability == here.capability)
-
-
-def _as_config(config: Any) -> OpsConfig:
-    if config is None:
-        return OpsConfig()
-    if isinstance(config, OpsConfig):
-        return config
-    if isinstance(config, Mapping):
-        return OpsConfig.from_dict(config)
-    if isinstance(config, (str, os.PathLike)):
-        return OpsConfig.from_yaml(config)
-    raise TypeError(f"config must be an OpsConfig, a mapping or a YAML path, got {type(config).__name__}")
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from typing import Any
 
 from torch import nn
 
-from ..config import AUTO, OP_TO_FIELD, OpsConfig
+from ..config import AUTO, OP_TO_FIELD, OpsConfig, as_config
 from ..device import DeviceInfo, current_device
 from ..plan import KernelPlan, text_columns
 from ..resolve import ResolutionError, resolve
@@ -122,9 +122,7 @@ def _config_of(config_or_plan) -> OpsConfig:
         return config_or_plan.config
     if isinstance(config_or_plan, OpsConfig):
         return config_or_plan
-    from ..resolve import _as_config
-
-    return _as_config(config_or_plan)
+    return as_config(config_or_plan)
 
 
 def _named(cfg: OpsConfig, op: str) -> bool:
