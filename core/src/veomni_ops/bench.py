@@ -391,7 +391,7 @@ def measure_ceilings(device: Any, timer: Timer) -> dict[str, Any]:
     try:
         src = torch.empty(n_bytes, dtype=torch.uint8, device=device).random_(0, 255)
         dst = torch.empty_like(src)
-        ms = timer.wall_ms(lambda s=src, d=dst: d.copy_(s))
+        ms = timer.wall_ms(lambda s=src, d=dst: d.copy_(s))  # type: ignore[misc]
         out["copy_tbps"] = 2 * n_bytes / (ms * 1e-3) / 1e12
         out["copy_bytes"] = n_bytes
         del src, dst
@@ -401,7 +401,7 @@ def measure_ceilings(device: Any, timer: Timer) -> dict[str, Any]:
     try:
         a = torch.randn(mm, mm, device=device, dtype=mm_dtype)
         b = torch.randn(mm, mm, device=device, dtype=mm_dtype)
-        ms = timer.wall_ms(lambda x=a, y=b: x @ y)
+        ms = timer.wall_ms(lambda x=a, y=b: x @ y)  # type: ignore[misc]
         out["matmul_tflops"] = 2 * mm**3 / (ms * 1e-3) / 1e12
         out["matmul"] = f"{str(mm_dtype).removeprefix('torch.')} {mm}x{mm}x{mm}"
         del a, b
@@ -494,7 +494,7 @@ def _kernels_for(registry: Any, w: Workload, dev_info: Any, backend: str | None)
     from .resolve import static_problem
     from .testing.runner import backend_matches, resolve_kernel
 
-    out = []
+    out: list[tuple[Any, Callable[..., Any] | None, str]] = []
     for rk in registry.for_op(w.op, w.variant):
         if backend is not None and rk.spec.name != "eager" and not backend_matches(rk, backend):
             continue
@@ -788,7 +788,7 @@ TABLE_HEAD = ("preset", "op", "variant", "pass", "kernel", "dtype", "wall ms", "
 
 
 def table_rows(result: dict[str, Any]) -> list[tuple[str, ...]]:
-    out = []
+    out: list[tuple[Any, ...]] = []
     for r in result["rows"]:
         rate, frac = _rate(r, _row_ceilings(result, r))
         if r.get("error") and r.get("wall_ms") is None:
@@ -966,6 +966,7 @@ def merge_results(docs: Sequence[dict[str, Any]], names: Sequence[str] | None = 
         return docs[0]
     names = list(names) if names else [f"result {i + 1}" for i in range(len(docs))]
     first = docs[0]
+    key: Any  # a field name, then a row key
     for name, d in zip(names[1:], docs[1:]):
         for key, what in (("device_name", "device"), ("capability", "compute capability"),
                           ("versions", "library versions"), ("timing", "timing settings"),

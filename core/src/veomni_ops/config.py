@@ -27,6 +27,7 @@ import sys
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
 from .spec import QUALIFIER, SpecError, normalize_name, split_name
@@ -348,7 +349,7 @@ def _warn(message: str, category: type[Warning]) -> None:
     """Warn, attributed to the first caller outside veomni-ops (the user's line), however deep
     in the package the config was read (``OpsConfig(...)``, ``from_yaml``, ``resolve``, ``apply``)."""
     level = 1
-    frame = sys._getframe(0)
+    frame: FrameType | None = sys._getframe(0)
     while frame is not None and str(frame.f_globals.get("__name__", "")).partition(".")[0] == "veomni_ops":
         frame = frame.f_back
         level += 1

@@ -87,7 +87,7 @@ def _detect() -> DeviceInfo:
         try:
             import torch_npu  # noqa: F401
 
-            if torch.npu.is_available():
+            if torch.npu.is_available():  # type: ignore[attr-defined]  # torch_npu adds torch.npu
                 return DeviceInfo("npu", None, "Ascend NPU")
         except Exception:  # a broken CANN install is not an NPU we can use
             pass

@@ -528,6 +528,7 @@ def _run_child(path: str, seed: int | None, steps: int | None = None, baseline: 
             sink: int | None = sys.stderr.fileno()
         except (AttributeError, OSError, ValueError):  # a stream with no descriptor (captured): pass it through
             sink = None
+        proc: subprocess.CompletedProcess[Any]
         if sink is not None:
             proc = subprocess.run(cmd, stdout=sink, stderr=sink)
         else:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import sys
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -205,14 +206,23 @@ def apply(
                            registry=registry, dtype=_model_dtype(model), training=training, compile=compile,
                            parallel=parallel.needs() if parallel is not None else None)
         except ResolutionError as e:
-            e.add_note(f"(while binding {type(model).__name__}: its places need "
-                       f"{_describe_features(features_of(places)) or 'no extra features'})")
+            _add_note(e, f"(while binding {type(model).__name__}: its places need "
+                         f"{_describe_features(features_of(places)) or 'no extra features'})")
             raise
     if parallel is not None:
         plan = parallel.wrap_plan(plan)
     bound = _bind(model, plan, places, skipped)
-    model.veomni_ops_binding = bound  # per instance, for inspection
+    model.veomni_ops_binding = bound  # type: ignore[assignment]  # per instance, for inspection
     return bound
+
+
+def _add_note(e: BaseException, note: str) -> None:
+    """``e.add_note(note)``; before Python 3.11, which has no exception notes, the note is
+    appended to the message."""
+    if sys.version_info >= (3, 11):
+        e.add_note(note)
+    else:
+        e.args = (f"{e}\n{note}", *e.args[1:])
 
 
 def _describe_features(feats: Mapping[str, frozenset[str]]) -> str:
@@ -245,7 +255,7 @@ def _own_configs(model: nn.Module) -> None:
     for mod in model.modules():
         c = mod.__dict__.get("config")
         if isinstance(c, PretrainedConfig):
-            mod.config = copy.deepcopy(c, memo)
+            mod.config = copy.deepcopy(c, memo)  # type: ignore[assignment]  # a plain attribute
 
 
 def _bind(model: nn.Module, plan: KernelPlan, places: list[Place], skipped) -> Binding:

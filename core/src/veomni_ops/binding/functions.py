@@ -43,7 +43,7 @@ def copy_with_globals(fn, overrides: Mapping[str, Any]):
     new_cells = tuple(types.CellType(new_inner) if i == held[0] else c for i, c in enumerate(cells))
     new = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, new_cells)
     new.__dict__.update(fn.__dict__)
-    new.__wrapped__ = new_inner
+    new.__wrapped__ = new_inner  # type: ignore[attr-defined]  # what functools.wraps sets
     _copy_names(fn, new)
     return new
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -38,6 +38,9 @@ from .faults import FailureGuard
 from .fsdp import full_tensor, shard_model
 from .layout import ParallelConfigError, ParallelLayout, world_from_env
 from .ulysses import pad_to_multiple, seq_slice, ulysses_attention
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 IGNORE_INDEX = -100
 
@@ -52,8 +55,10 @@ class ParallelRuntime:
         self.device = device
         self.backend = "nccl" if device.startswith("cuda") else "gloo"
         self.coords = layout.coords(rank)
-        self.sp_group = self.ep_group = None
-        self.dense_mesh = self.expert_mesh = None
+        self.sp_group: dist.ProcessGroup | None = None
+        self.ep_group: dist.ProcessGroup | None = None
+        self.dense_mesh: DeviceMesh | None = None
+        self.expert_mesh: DeviceMesh | None = None
         self.guard: FailureGuard | None = None
         self._owns_pg = False
         self._token_mask: torch.Tensor | None = None
@@ -126,7 +131,7 @@ class ParallelRuntime:
     def __enter__(self) -> ParallelRuntime:
         return self.start()
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> Literal[False]:
         self.close(exc)
         return False
 

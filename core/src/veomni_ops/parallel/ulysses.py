@@ -67,7 +67,7 @@ class _GlobalPositions:
     """All-gathers the position ids of the local slice into those of the whole sequence, once
     per tensor (the layers of one forward share it)."""
 
-    def __init__(self, group):
+    def __init__(self, group: Any) -> None:
         self.group = group
         self._last: tuple[int, int, Any, torch.Tensor] | None = None
 

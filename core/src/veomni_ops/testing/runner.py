@@ -642,7 +642,7 @@ class CheckReport:
                 unsup = sum(r.status == UNSUPPORTED for r in results)
                 bad = [r for r in results if not r.ok]
                 scored = [r for r in results if r.worst is not None]
-                worst = max(scored, key=lambda r: r.worst) if scored else None
+                worst = max(scored, key=lambda r: r.worst) if scored else None  # type: ignore[arg-type, return-value]
                 wtxt = f"{_fmt_ratio(worst.worst)} ({worst.worst_in}, {worst.case})" if worst else "-"
                 if worst is not None and worst.baseline is not None:
                     wtxt += f"; eager {_fmt_ratio(worst.baseline)}"
@@ -658,8 +658,8 @@ class CheckReport:
         lines = [f"veomni-ops check on {self.device}, {self.size} shapes, seed {self.seed} "
                  f"(worst error: max |a-b| / (atol*s + rtol*|b| + ulp) against float64 eager; pass <= 1, or in bf16/fp16 "
                  f"<= {BASELINE_FACTOR:g}x eager in the same dtype)"]
-        for i, r in enumerate(rows):
-            lines.append("  ".join(c.ljust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1])
+        for i, r in enumerate(rows):  # type: ignore[assignment]
+            lines.append("  ".join(c.ljust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1])  # type: ignore[index]
             if i == 0:
                 lines.append("  ".join("-" * w for w in widths) + "  ------")
         for f in self.load_failures:
@@ -691,7 +691,8 @@ def resolve_kernel(rk: RegisteredKernel, registry: Registry, dev: DeviceInfo) ->
     """Resolve exactly ``rk`` by name (``load=True``); raises ResolutionError with the reason."""
     spec = rk.spec
     # The name a config writes for exactly this kernel: qualified where two distributions register it.
-    cfg = OpsConfig(**{OP_TO_FIELD[spec.op]: registry.name_of(rk)})
+    fields: dict[str, Any] = {OP_TO_FIELD[spec.op]: registry.name_of(rk)}
+    cfg = OpsConfig(**fields)
     plan = resolve(cfg, dev, needs={spec.op: [spec.variant]}, registry=registry, training=False, load=True)
     return plan.kernel(spec.op, spec.variant)
 
