@@ -43,7 +43,7 @@ KERNEL_DTYPES = checks.KERNEL_DTYPES
 BACKEND = "npu"
 
 
-def check_tensor(x: object, name: str, op: str) -> torch.Tensor:
+def check_tensor(x: torch.Tensor, name: str, op: str) -> torch.Tensor:
     """The core's :func:`~veomni_ops.kernels.checks.check_tensor`, and on the NPU."""
     checks.check_tensor(x, name, op, backend=BACKEND)
     if x.device.type != TENSOR_DEVICE:
@@ -54,12 +54,12 @@ def check_tensor(x: object, name: str, op: str) -> torch.Tensor:
     return x
 
 
-def check_kernel_dtype(x: object, name: str, op: str) -> None:
+def check_kernel_dtype(x: torch.Tensor, name: str, op: str) -> None:
     check_tensor(x, name, op)
     checks.check_kernel_dtype(x, name, op, backend=BACKEND, kernels="the Ascend kernels")
 
 
-def check_integer(x: object, name: str, op: str) -> None:
+def check_integer(x: torch.Tensor, name: str, op: str) -> None:
     check_tensor(x, name, op)
     checks.check_integer(x, name, op, backend=BACKEND)
 

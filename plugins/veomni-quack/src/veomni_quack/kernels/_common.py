@@ -88,7 +88,7 @@ def check_device(op: str, **tensors: torch.Tensor | None) -> None:
             )
 
 
-def check_labels(labels: object, n: int, ignore_index: object, op: str) -> torch.Tensor:
+def check_labels(labels: torch.Tensor, n: int, ignore_index: object, op: str) -> torch.Tensor:
     """Labels ``[N]`` of an integer dtype; returned as int32/int64 (what Quack reads)."""
     check_tensor(labels, "labels", op)
     if labels.dtype.is_floating_point or labels.dtype.is_complex or labels.dtype == torch.bool:
