@@ -28,7 +28,8 @@ def _shift(labels: torch.Tensor | None, shift_labels: torch.Tensor | None, ignor
     return shift_labels.reshape(-1)
 
 
-def _normalise(total: torch.Tensor, shift: torch.Tensor, ignore_index: int, num_items_in_batch) -> torch.Tensor:
+def _normalise(total: torch.Tensor, shift: torch.Tensor, ignore_index: int,
+               num_items_in_batch: torch.Tensor | int | None) -> torch.Tensor:
     if num_items_in_batch is not None:
         if torch.is_tensor(num_items_in_batch):
             num_items_in_batch = num_items_in_batch.to(total.device)
