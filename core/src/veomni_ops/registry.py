@@ -255,6 +255,18 @@ class Registry:
         return {op: self.names(op) for op in OPS}
 
 
+#: What the core's extras install beside their plugin, per extra (``pip install
+#: "veomni-ops[npu]"``): said with every install hint for that extra. Which plugin each extra
+#: installs is read from the core's metadata (:func:`plugin_extras`).
+EXTRA_NOTES: Mapping[str, str] = {
+    "npu": (
+        "the npu kernels are torch-npu's (Ascend's PyTorch adapter), which runs only on top of the Ascend CANN "
+        "toolkit: install CANN and source its environment (source /usr/local/Ascend/ascend-toolkit/set_env.sh), "
+        "then the torch-npu build that matches your torch (pip install torch-npu==<your torch version>, or pip "
+        "install \"veomni-npu[torch-npu]\")"
+    ),
+}
+
 @functools.lru_cache(maxsize=1)
 def plugin_extras() -> Mapping[str, str]:
     """The core's extras that install one first-party plugin: ``{"liger": "veomni-liger", ...}``.

@@ -38,6 +38,7 @@ from .device import DeviceInfo, check_hardware, current_device, is_local
 from .discovery import ENV_ALLOW, ENV_DENY, ENV_STRICT, PluginLoadError, discover, strict_mode
 from .plan import KernelPlan, PlanEntry
 from .registry import (
+    EXTRA_NOTES,
     FIRST_PARTY_DISTRIBUTIONS,
     ORIGINS,
     PluginRecord,
@@ -53,23 +54,11 @@ from .spec import OPS, KernelSpec, canonical_distribution, split_name
 #: acceptable variants in order of preference (e.g. ``("fused_linear", "logits")``).
 Needs = Mapping[str, Sequence[Union[str, tuple[str, ...]]]]
 
-#: What the core's extras install beside their plugin, per extra (``pip install
-#: "veomni-ops[npu]"``): said with every install hint for that extra. Which plugin each extra
-#: installs is read from the core's metadata (:func:`~veomni_ops.registry.plugin_extras`).
-EXTRA_NOTES: Mapping[str, str] = {
-    "npu": (
-        "the npu kernels are torch-npu's (Ascend's PyTorch adapter), which runs only on top of the Ascend CANN "
-        "toolkit: install CANN and source its environment (source /usr/local/Ascend/ascend-toolkit/set_env.sh), "
-        "then the torch-npu build that matches your torch (pip install torch-npu==<your torch version>, or pip "
-        "install \"veomni-npu[torch-npu]\")"
-    ),
-}
-
 #: How ``auto`` ranks the usable kernels of an op; the first one wins. The plan entry's reason
 #: says when the winner tied with another usable kernel at its priority, and which rule split them.
 AUTO_ORDER = (
     "highest priority; then the variant the model prefers; then origin: the core (veomni-ops), then our "
-    "first-party backends (veomni-liger, veomni-triton, veomni-quack, veomni-npu, veomni-flash), then every other "
+    f"first-party backends ({', '.join(FIRST_PARTY_DISTRIBUTIONS)}), then every other "
     "distribution; then kernel name; then distribution name"
 )
 
