@@ -27,7 +27,7 @@ import sys
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
@@ -40,6 +40,10 @@ from .binders import BY_OP, Edits, NotBindable, Place, find_places
 from .functions import RebindError, copy_with_globals
 from .head import causal_lm_forward
 from .versions import check_transformers
+
+if TYPE_CHECKING:
+    from ..parallel.runtime import ParallelRuntime
+    from ..registry import Registry
 
 __all__ = ["Binding", "BindingError", "Place", "apply", "needs_of", "survey"]
 
@@ -142,10 +146,10 @@ def apply(
     config_or_plan: KernelPlan | OpsConfig | Mapping[str, Any] | str | None = None,
     *,
     device: DeviceInfo | str | None = None,
-    registry=None,
+    registry: Registry | None = None,
     training: bool = True,
     compile: bool = False,
-    parallel=None,
+    parallel: ParallelRuntime | None = None,
 ) -> Binding:
     """Resolve (if given a config) and bind kernels into ``model``. Returns a :class:`Binding`.
 

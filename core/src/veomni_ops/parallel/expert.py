@@ -58,7 +58,7 @@ def shard_experts(module: nn.Module, ep: int, rank: int) -> int:
     return e
 
 
-def expert_parallel(kernel: Callable[..., torch.Tensor], group, ep: int, name: str = "") -> Callable[..., torch.Tensor]:
+def expert_parallel(kernel: Callable[..., torch.Tensor], group: dist.ProcessGroup | None, ep: int, name: str = "") -> Callable[..., torch.Tensor]:
     """The plan's ``moe_experts`` kernel, run over an expert group of ``ep`` ranks."""
     rank = dist.get_rank(group)
     #: what this rank dispatched and received, in (token, rank) rows, over all calls (host ints: free)
@@ -100,7 +100,7 @@ def expert_parallel(kernel: Callable[..., torch.Tensor], group, ep: int, name: s
     return ep_experts
 
 
-def global_load_balancing(kernel: Callable[..., torch.Tensor], group, world: int,
+def global_load_balancing(kernel: Callable[..., torch.Tensor], group: dist.ProcessGroup | None, world: int,
                           token_mask: Callable[[], torch.Tensor | None]) -> Callable[..., torch.Tensor]:
     """The plan's ``load_balancing_loss`` kernel over the tokens of *every* rank.
 

@@ -42,6 +42,9 @@ from .ulysses import pad_to_multiple, seq_slice, ulysses_attention
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
+    from ..binding import Binding
+    from ..plan import KernelPlan
+
 IGNORE_INDEX = -100
 
 
@@ -140,7 +143,7 @@ class ParallelRuntime:
         """Per op, what ``KernelSpec.parallel`` must declare for this layout (given to ``resolve``)."""
         return self.layout.needs()
 
-    def wrap_plan(self, plan):
+    def wrap_plan(self, plan: KernelPlan) -> KernelPlan:
         """``plan`` with its kernels wrapped for this layout (attention: Ulysses; experts: EP; the
         load-balancing loss: over every rank's tokens). Refuses a kernel whose spec lacks what the
         layout needs."""
@@ -207,7 +210,7 @@ class ParallelRuntime:
                 prefix = names[id(p.module)]
                 self._expert_params |= {f"{prefix}.gate_up_proj", f"{prefix}.down_proj"}
 
-    def parallelize(self, model: nn.Module, binding, dtype: torch.dtype) -> nn.Module:
+    def parallelize(self, model: nn.Module, binding: Binding, dtype: torch.dtype) -> nn.Module:
         """After binding: check every place the layout wraps got its kernel; then FSDP2."""
         bound = {(path, op) for path, op, _, _ in binding.bound}
         names = {id(m): n for n, m in model.named_modules()}
@@ -215,6 +218,8 @@ class ParallelRuntime:
         if missing:
             raise ParallelConfigError(f"parallel.ep {self.layout.ep}: the experts at {', '.join(missing)} were not "
                                       "bound, so they would not be expert-parallel")
+        if self.dense_mesh is None:
+            raise RuntimeError("ParallelRuntime.parallelize needs the started runtime (start() or `with runtime:`)")
         return shard_model(model, self.dense_mesh, dtype, self._expert_modules, self.expert_mesh)
 
     # -- the data --------------------------------------------------------------------------------
