@@ -45,8 +45,13 @@ def _base(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    session.install(*CONSTRAINTS, "ruff>=0.6")
+    """ruff (ruff.toml), then mypy (mypy.ini: the core's and every plugin's sources). mypy reads
+    the types of what they import, so the core and every plugin are installed beside it."""
+    session.install(TORCH)
+    session.install(*CONSTRAINTS, "ruff>=0.6", "mypy", "-e", "core", *TEST_DEPS,
+                    *(a for name in PLUGINS for a in ("-e", f"plugins/{name}")))
     session.run("ruff", "check", ".")
+    session.run("mypy")
 
 
 @nox.session
@@ -118,7 +123,7 @@ def constraints(session: nox.Session) -> None:
     """Rewrite constraints.txt: the newest releases in range of everything, if the tests pass on them."""
     session.install(TORCH)
     session.install("-e", "core", *(a for name in PLUGINS for a in ("-e", f"plugins/{name}")), *TEST_DEPS,
-                    "ruff>=0.6", "build", "wheel")
+                    "ruff>=0.6", "mypy", "build", "wheel")
     session.run("pytest", "core/tests", "tests", "-q", "-m", "not packaging", env={"TRITON_INTERPRET": "1"})
     frozen = session.run("python", "-m", "pip", "freeze", "--exclude-editable", silent=True)
     keep = [line for line in frozen.splitlines()

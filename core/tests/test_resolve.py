@@ -146,3 +146,60 @@ def test_device_env_override(monkeypatch, toy_registry):
     monkeypatch.setenv("VEOMNI_OPS_DEVICE", "cuda:9.0")
     plan = resolve(OpsConfig(), registry=toy_registry, needs=STD, load=False)
     assert plan.device.overridden and plan.get("rms_norm", "standard").kernel == "hopper"
+
+
+def test_refusals_are_typed_and_the_hint_follows_the_kind(toy_registry):
+    from veomni_ops.resolve import RefusalKind
+
+    cases = [
+        ({"rms_norm_implementation": "hopper"}, RefusalKind.DEVICE, "Pick a kernel that runs on cpu, or 'auto'."),
+        ({"rms_norm_implementation": "portabel"}, RefusalKind.UNKNOWN_NAME, "To get it: install the distribution"),
+    ]
+    for cfg, kind, how in cases:
+        with pytest.raises(ResolutionError) as ei:
+            resolve(cfg, "cpu", registry=toy_registry, needs=STD)
+        (r,) = ei.value.refusals
+        assert r.kind is kind and r.how.startswith(how), r
+    with pytest.raises(ResolutionError) as ei:
+        resolve({"rms_norm_implementation": "portable"}, "cpu", registry=toy_registry, needs={"rms_norm": ["standard"]},
+                dtype="float64")
+    assert ei.value.refusals[0].kind is RefusalKind.DTYPE and ei.value.refusals[0].how == ""
+
+
+def test_an_import_failure_that_mentions_requires_gets_no_install_hint(monkeypatch):
+    """The hint follows the kind of refusal, not words in the reason: an ImportError whose text
+    says "requires" is an import failure, not a missing requirement."""
+    from veomni_ops.resolve import RefusalKind
+
+    monkeypatch.delenv("VEOMNI_OPS_STRICT", raising=False)
+
+    def broken():
+        raise ImportError("this kernel requires a GPU build")
+
+    p = make_plugin("p", swiglu=[KernelSpec(name="brk", op="swiglu", variant="standard", factory=broken,
+                                            install_hint="pip install brk-extras")])
+    reg = build_registry([("p", p)], include_entry_points=False, env={})
+    with pytest.raises(ResolutionError) as ei:
+        resolve({"swiglu_mlp_implementation": "brk"}, "cpu", registry=reg, needs={"swiglu": ["standard"]})
+    (r,) = ei.value.refusals
+    assert r.kind is RefusalKind.IMPORT and "requires a GPU build" in r.why
+    assert "pip install brk-extras" not in str(ei.value)
+
+
+def test_our_extras_are_read_from_the_core_metadata():
+    from veomni_ops.registry import FIRST_PARTY_DISTRIBUTIONS, extra_of, first_party_extra, plugin_extras
+
+    extras = plugin_extras()
+    assert set(extras.values()) == set(FIRST_PARTY_DISTRIBUTIONS), extras
+    assert first_party_extra("flash_attention_4") == ("flash", "veomni-flash")
+    assert first_party_extra("triton_batch_invariant") == ("triton", "veomni-triton")
+    assert first_party_extra("portable") is None
+    assert extra_of("veomni_liger") == "liger"
+
+
+def test_a_plan_entry_references_its_registered_kernel(toy_registry):
+    e = resolve(OpsConfig(), "cpu", registry=toy_registry, needs=STD).get("rms_norm", "standard")
+    rk = toy_registry.get("rms_norm", "standard", "portable")
+    assert e.registered is rk and e.spec is rk.spec
+    assert (e.op, e.variant, e.kernel, e.distribution, e.version) == ("rms_norm", "standard", "portable", "toy", "local")
+    assert repr(e).startswith("PlanEntry(op='rms_norm', variant='standard', requested='auto', kernel='portable', ")

@@ -61,9 +61,9 @@ def _remote(dev) -> bool:
 
 
 def _here() -> str:
-    from .device import _detected
+    from .device import detected_device
 
-    return str(_detected())
+    return str(detected_device())
 
 
 # ----------------------------------------------------------------------------------------

@@ -21,29 +21,20 @@ not errors: they are kept in :attr:`OpsConfig.unmanaged`, reported with an
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 import sys
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
+from .ops import OP_TABLE
 from .spec import QUALIFIER, SpecError, normalize_name, split_name
 
 AUTO = "auto"
-
-#: config field -> op
-FIELD_TO_OP: Mapping[str, str] = {
-    "attn_implementation": "attention",
-    "rms_norm_implementation": "rms_norm",
-    "rotary_pos_emb_implementation": "rotary",
-    "swiglu_mlp_implementation": "swiglu",
-    "cross_entropy_loss_implementation": "cross_entropy",
-    "moe_implementation": "moe_experts",
-    "load_balancing_loss_implementation": "load_balancing_loss",
-}
-OP_TO_FIELD: Mapping[str, str] = {v: k for k, v in FIELD_TO_OP.items()}
 
 #: Fields of VeOmni's ``OpsImplementationConfig`` for ops veomni-ops does not manage -> what
 #: the op is. A config may carry them (VeOmni's Qwen3.5 configs do): they are recognised, not
@@ -224,6 +215,37 @@ class OpsConfig:
         return {f: getattr(self, f) for f in FIELD_TO_OP}
 
 
+def _fields_in_veomni_order() -> dict[str, str]:
+    """config field -> op, in the order of :class:`OpsConfig`'s fields (VeOmni's), from the op
+    table (:data:`veomni_ops.ops.OP_TABLE`). An op without its ``OpsConfig`` field, or a field
+    without its op, is a mistake in this package: refused at import."""
+    op_of = {info.config_field: op for op, info in OP_TABLE.items()}
+    declared = [f.name for f in dataclasses.fields(OpsConfig) if f.name != "unmanaged"]
+    if set(declared) != set(op_of):
+        raise RuntimeError(f"OpsConfig's fields {sorted(declared)} are not the op table's config fields "
+                           f"{sorted(op_of)} (veomni_ops.ops.OP_TABLE): add the field to OpsConfig")
+    return {name: op_of[name] for name in declared}
+
+
+#: config field -> op (VeOmni's field order)
+FIELD_TO_OP: Mapping[str, str] = _fields_in_veomni_order()
+OP_TO_FIELD: Mapping[str, str] = {v: k for k, v in FIELD_TO_OP.items()}
+
+
+def as_config(config: OpsConfig | Mapping[str, Any] | str | os.PathLike | None) -> OpsConfig:
+    """An :class:`OpsConfig` from what ``resolve`` and ``apply`` accept: one, a mapping (a
+    plain or whole VeOmni config), a YAML path, or None (every op ``auto``)."""
+    if config is None:
+        return OpsConfig()
+    if isinstance(config, OpsConfig):
+        return config
+    if isinstance(config, Mapping):
+        return OpsConfig.from_dict(config)
+    if isinstance(config, (str, os.PathLike)):
+        return OpsConfig.from_yaml(config)
+    raise TypeError(f"config must be an OpsConfig, a mapping or a YAML path, got {type(config).__name__}")
+
+
 # ----------------------------------------------------------------------------------------
 # Checking
 # ----------------------------------------------------------------------------------------
@@ -334,7 +356,7 @@ def _warn(message: str, category: type[Warning]) -> None:
     """Warn, attributed to the first caller outside veomni-ops (the user's line), however deep
     in the package the config was read (``OpsConfig(...)``, ``from_yaml``, ``resolve``, ``apply``)."""
     level = 1
-    frame = sys._getframe(0)
+    frame: FrameType | None = sys._getframe(0)
     while frame is not None and str(frame.f_globals.get("__name__", "")).partition(".")[0] == "veomni_ops":
         frame = frame.f_back
         level += 1

@@ -87,7 +87,7 @@ def _detect() -> DeviceInfo:
         try:
             import torch_npu  # noqa: F401
 
-            if torch.npu.is_available():
+            if torch.npu.is_available():  # type: ignore[attr-defined]  # torch_npu adds torch.npu
                 return DeviceInfo("npu", None, "Ascend NPU")
         except Exception:  # a broken CANN install is not an NPU we can use
             pass
@@ -99,7 +99,8 @@ def _detect() -> DeviceInfo:
 
 
 @functools.lru_cache(maxsize=1)
-def _detected() -> DeviceInfo:
+def detected_device() -> DeviceInfo:
+    """This machine's device, detected once per process (no override applies)."""
     return _detect()
 
 
@@ -112,7 +113,15 @@ def current_device(override: str | DeviceInfo | None = None) -> DeviceInfo:
     env = os.environ.get(DEVICE_ENV, "").strip()
     if env:
         return parse_device(env)
-    return _detected()
+    return detected_device()
+
+
+def is_local(dev: DeviceInfo) -> bool:
+    """Is ``dev`` this machine's device (so its kernels can be imported and run here)?"""
+    if not dev.overridden:
+        return True
+    here = detected_device()
+    return dev.type == here.type and (dev.capability is None or dev.capability == here.capability)
 
 
 def check_hardware(req: HardwareRequirement, dev: DeviceInfo) -> str | None:

@@ -48,7 +48,7 @@ from .hookspecs import (
     PluginAPIError,
     api_range_problem,
 )
-from .registry import CORE_DISTRIBUTION, LoadFailure, PluginRecord, Provenance, Registry
+from .registry import CORE_DISTRIBUTION, LoadFailure, PluginRecord, Provenance, RegisteredKernel, Registry
 from .spec import OPS
 
 log = logging.getLogger("veomni_ops")
@@ -254,7 +254,29 @@ def _api_check(prov: Provenance, module: Any) -> tuple[LoadFailure | None, list[
     return LoadFailure(prov, "api", PluginAPIError(f"{built}: {fix}")), []
 
 
-def _load_one(src: _Source, reg: Registry, trace: bool):
+def _call_hooks(pm: pluggy.PluginManager, prov: Provenance, trace: bool) -> tuple[list[Any], LoadFailure | None]:
+    """Every spec one plugin's hooks return, or the failure of the first hook that raised or
+    returned a spec for another op."""
+    specs: list[Any] = []
+    for op in OPS:
+        for impl in getattr(pm.hook, op).get_hookimpls():
+            if trace:
+                log.info("veomni_ops: call %s.%s()", prov.entry_point, op)
+            try:
+                result = impl.function()
+                got = list(result or ())
+            except Exception as e:
+                return [], LoadFailure(prov, f"hook:{op}", e)
+            for s in got:
+                if getattr(s, "op", op) != op:
+                    return [], LoadFailure(
+                        prov, f"hook:{op}", ValueError(f"hook {op}() returned a spec for op {s.op!r} ({s.name!r})"))
+            specs.extend(got)
+    return specs, None
+
+
+def _load_one(src: _Source, reg: Registry, trace: bool
+              ) -> tuple[LoadFailure | None, list[RegisteredKernel], list[str]]:
     """``(failure, kernels added, warnings)`` for one plugin."""
     prov = src.provenance
     try:
@@ -281,22 +303,9 @@ def _load_one(src: _Source, reg: Registry, trace: bool):
         err.__cause__ = e
         return LoadFailure(prov, "hooks", err), [], []
 
-    specs = []
-    for op in OPS:
-        for impl in getattr(pm.hook, op).get_hookimpls():
-            if trace:
-                log.info("veomni_ops: call %s.%s()", prov.entry_point, op)
-            try:
-                result = impl.function()
-                got = list(result or ())
-            except Exception as e:
-                return LoadFailure(prov, f"hook:{op}", e), [], []
-            for s in got:
-                if getattr(s, "op", op) != op:
-                    return LoadFailure(
-                        prov, f"hook:{op}", ValueError(f"hook {op}() returned a spec for op {s.op!r} ({s.name!r})")
-                    ), [], []
-            specs.extend(got)
+    specs, failure = _call_hooks(pm, prov, trace)
+    if failure is not None:
+        return failure, [], []
     try:
         added = reg.add_all(specs, prov)
     except Exception as e:

@@ -117,7 +117,7 @@ def api_range_problem(declared: object, provided: str = PLUGIN_API_VERSION) -> t
     # A lower bound above us: the backend is newer than this core.
     newer = any((w[0] > v[0]) if star else (w >= v if op == ">" else w > v)
                 for op, w, star in failed if op in (">=", ">", "==", "~="))
-    return ("core" if newer else "plugin"), f"{declared.strip()} does not include {provided}"
+    return ("core" if newer else "plugin"), f"{str(declared).strip()} does not include {provided}"
 
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)

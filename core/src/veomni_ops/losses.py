@@ -19,7 +19,17 @@ def shifted_labels(labels: torch.Tensor, ignore_index: int = -100) -> torch.Tens
     return F.pad(labels, (0, 1), value=ignore_index)[..., 1:].contiguous()
 
 
-def _normalise(total: torch.Tensor, shift: torch.Tensor, ignore_index: int, num_items_in_batch) -> torch.Tensor:
+def _shift(labels: torch.Tensor | None, shift_labels: torch.Tensor | None, ignore_index: int) -> torch.Tensor:
+    """The flat shifted labels: ``shift_labels`` as given, else shifted from ``labels``."""
+    if shift_labels is None:
+        if labels is None:
+            raise ValueError("the causal-LM loss needs labels or shift_labels")
+        shift_labels = shifted_labels(labels, ignore_index)
+    return shift_labels.reshape(-1)
+
+
+def _normalise(total: torch.Tensor, shift: torch.Tensor, ignore_index: int,
+               num_items_in_batch: torch.Tensor | int | None) -> torch.Tensor:
     if num_items_in_batch is not None:
         if torch.is_tensor(num_items_in_batch):
             num_items_in_batch = num_items_in_batch.to(total.device)
@@ -37,9 +47,7 @@ def causal_lm_loss_from_logits(
     num_items_in_batch: torch.Tensor | int | None = None,
     shift_labels: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    if shift_labels is None:
-        shift_labels = shifted_labels(labels, ignore_index)
-    shift = shift_labels.reshape(-1).to(logits.device)
+    shift = _shift(labels, shift_labels, ignore_index).to(logits.device)
     total = kernel(logits.reshape(-1, logits.shape[-1]), shift, ignore_index=ignore_index)
     return _normalise(total, shift, ignore_index, num_items_in_batch)
 
@@ -55,9 +63,7 @@ def causal_lm_loss_fused(
     num_items_in_batch: torch.Tensor | int | None = None,
     shift_labels: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    if shift_labels is None:
-        shift_labels = shifted_labels(labels, ignore_index)
-    shift = shift_labels.reshape(-1).to(hidden_states.device)
+    shift = _shift(labels, shift_labels, ignore_index).to(hidden_states.device)
     total = kernel(hidden_states.reshape(-1, hidden_states.shape[-1]), weight, shift, bias=bias,
                    ignore_index=ignore_index)
     return _normalise(total, shift, ignore_index, num_items_in_batch)

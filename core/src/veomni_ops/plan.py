@@ -3,43 +3,79 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .config import OpsConfig
 from .device import DeviceInfo
+from .registry import RegisteredKernel
 from .spec import KernelSpec
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class PlanEntry:
-    op: str
-    variant: str
+    """One ``(op, variant)`` of a plan: the registered kernel resolution chose (its spec and
+    provenance, referenced, not copied), what the config asked for, why, and the loaded
+    callable (``None`` when resolved without loading). ``op``, ``variant``, ``kernel`` (the
+    name), ``distribution``, ``version`` and ``spec`` read through to the registered kernel."""
+
+    registered: RegisteredKernel
     requested: str
-    kernel: str
-    distribution: str
-    version: str
     reason: str
-    spec: KernelSpec = field(repr=False, compare=False)
-    fn: Callable[..., Any] | None = field(default=None, repr=False, compare=False)
+    fn: Callable[..., Any] | None = None
+
+    @property
+    def spec(self) -> KernelSpec:
+        return self.registered.spec
+
+    @property
+    def op(self) -> str:
+        return self.registered.spec.op
+
+    @property
+    def variant(self) -> str:
+        return self.registered.spec.variant
+
+    @property
+    def kernel(self) -> str:
+        """The kernel's (bare) name."""
+        return self.registered.spec.name
+
+    @property
+    def distribution(self) -> str:
+        return self.registered.provenance.distribution
+
+    @property
+    def version(self) -> str:
+        return self.registered.provenance.version
+
+    def _shown(self) -> tuple[tuple[str, str], ...]:
+        """What an entry is, as its repr, equality and hash see it (not the spec or the callable)."""
+        return (("op", self.op), ("variant", self.variant), ("requested", self.requested), ("kernel", self.kernel),
+                ("distribution", self.distribution), ("version", self.version), ("reason", self.reason))
+
+    def __repr__(self) -> str:
+        return "PlanEntry(" + ", ".join(f"{k}={v!r}" for k, v in self._shown()) + ")"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PlanEntry):
+            return NotImplemented
+        return self._shown() == other._shown()
+
+    def __hash__(self) -> int:
+        return hash(self._shown())
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "op": self.op,
-            "variant": self.variant,
-            "requested": self.requested,
-            "kernel": self.kernel,
-            "distribution": self.distribution,
-            "version": self.version,
-            "reason": self.reason,
+            **dict(self._shown()),
             "factory": self.spec.factory_repr(),
             "supports_backward": self.spec.supports_backward,
             "supports_compile": self.spec.supports_compile,
         }
 
 
-def text_columns(rows: list[tuple[str, ...]], indent: str = "") -> list[str]:
+def text_columns(rows: Sequence[tuple[str, ...]], indent: str = "") -> list[str]:
     """Rows as aligned text columns with a rule under the first (the header); the last column,
     free text, is not padded."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]

@@ -14,9 +14,11 @@ one ``(op, variant, name)`` twice (in one entry point or in two) is still a load
 
 from __future__ import annotations
 
+import functools
 import traceback
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from importlib import metadata
 
 from .spec import OPS, KernelSpec, canonical_distribution, qualified_name, split_name
 
@@ -253,13 +255,55 @@ class Registry:
         return {op: self.names(op) for op in OPS}
 
 
-#: Kernel names of our own backends whose distribution is not ``veomni-<name>``.
-KNOWN_DISTRIBUTIONS = {
-    "triton_batch_invariant": "veomni-triton",
-    "flash_attention_2": "veomni-flash",
-    "flash_attention_3": "veomni-flash",
-    "flash_attention_4": "veomni-flash",
+#: What the core's extras install beside their plugin, per extra (``pip install
+#: "veomni-ops[npu]"``): said with every install hint for that extra. Which plugin each extra
+#: installs is read from the core's metadata (:func:`plugin_extras`).
+EXTRA_NOTES: Mapping[str, str] = {
+    "npu": (
+        "the npu kernels are torch-npu's (Ascend's PyTorch adapter), which runs only on top of the Ascend CANN "
+        "toolkit: install CANN and source its environment (source /usr/local/Ascend/ascend-toolkit/set_env.sh), "
+        "then the torch-npu build that matches your torch (pip install torch-npu==<your torch version>, or pip "
+        "install \"veomni-npu[torch-npu]\")"
+    ),
 }
+
+@functools.lru_cache(maxsize=1)
+def plugin_extras() -> Mapping[str, str]:
+    """The core's extras that install one first-party plugin: ``{"liger": "veomni-liger", ...}``.
+
+    Read from the installed core distribution's metadata (``Provides-Extra`` and
+    ``Requires-Dist``, i.e. ``[project.optional-dependencies]`` of ``core/pyproject.toml``),
+    so that the extras are declared in one place. Empty where the core is not installed as a
+    distribution."""
+    from packaging.requirements import Requirement
+
+    try:
+        dist = metadata.distribution(CORE_DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return {}
+    reqs = [Requirement(r) for r in dist.requires or ()]
+    out: dict[str, str] = {}
+    for extra in dist.metadata.get_all("Provides-Extra") or ():
+        names = {canonical_distribution(r.name) for r in reqs
+                 if r.marker is not None and r.marker.evaluate({"extra": extra})
+                 and not r.marker.evaluate({"extra": ""})}
+        if len(names) == 1 and names <= set(FIRST_PARTY_DISTRIBUTIONS):
+            out[extra] = names.pop()
+    return out
+
+
+def first_party_extra(kernel: str) -> tuple[str, str] | None:
+    """``(extra, distribution)`` of the first-party plugin a bare kernel name belongs to, by
+    our naming rule: the name is the extra's (``liger``) or starts with it and ``_``
+    (``flash_attention_4``, ``triton_batch_invariant``). None for any other name."""
+    found = [(e, d) for e, d in plugin_extras().items() if kernel == e or kernel.startswith(e + "_")]
+    return max(found, key=lambda ed: len(ed[0])) if found else None
+
+
+def extra_of(distribution: str) -> str | None:
+    """The core's extra that installs the first-party plugin ``distribution``, or None."""
+    d = canonical_distribution(distribution)
+    return next((e for e, dist in plugin_extras().items() if dist == d), None)
 
 
 def _may_provide(prov: Provenance, name: str) -> bool:
@@ -269,4 +313,5 @@ def _may_provide(prov: Provenance, name: str) -> bool:
         return mine == dist
     ep = canonical_distribution(prov.entry_point)
     guess = canonical_distribution(kernel)
-    return guess in (ep, mine) or mine in (f"veomni-{guess}", KNOWN_DISTRIBUTIONS.get(kernel))
+    ours = first_party_extra(kernel)
+    return guess in (ep, mine) or mine == f"veomni-{guess}" or (ours is not None and mine == ours[1])

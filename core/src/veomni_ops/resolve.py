@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import enum
 import importlib
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -32,51 +33,88 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Union
 
-from .config import AUTO, OP_TO_FIELD, OpsConfig
-from .device import DeviceInfo, check_hardware, current_device
+from .config import AUTO, OP_TO_FIELD, OpsConfig, as_config
+from .device import DeviceInfo, check_hardware, current_device, is_local
 from .discovery import ENV_ALLOW, ENV_DENY, ENV_STRICT, PluginLoadError, discover, strict_mode
 from .plan import KernelPlan, PlanEntry
-from .registry import FIRST_PARTY_DISTRIBUTIONS, ORIGINS, RegisteredKernel, Registry, origin_rank
+from .registry import (
+    EXTRA_NOTES,
+    FIRST_PARTY_DISTRIBUTIONS,
+    ORIGINS,
+    PluginRecord,
+    RegisteredKernel,
+    Registry,
+    extra_of,
+    first_party_extra,
+    origin_rank,
+)
 from .spec import OPS, KernelSpec, canonical_distribution, split_name
 
 #: What a model needs per op: a list of requirements, each a variant or a tuple of
 #: acceptable variants in order of preference (e.g. ``("fused_linear", "logits")``).
 Needs = Mapping[str, Sequence[Union[str, tuple[str, ...]]]]
 
-#: Our own backends' kernel names, and the extra of the core that installs each, i.e. the
-#: plugin distribution ``veomni-<extra>`` (for refusal messages).
-KNOWN_EXTRAS: Mapping[str, str] = {
-    "liger": "liger",
-    "triton": "triton",
-    "triton_batch_invariant": "triton",
-    "quack": "quack",
-    "npu": "npu",
-    "flash_attention_2": "flash",
-    "flash_attention_3": "flash",
-    "flash_attention_4": "flash",
-}
-
-#: What a plugin distribution alone does not bring: said with every install hint for it.
-VENDOR_NOTES: Mapping[str, str] = {
-    "veomni-npu": (
-        "the npu kernels are torch-npu's (Ascend's PyTorch adapter), which runs only on top of the Ascend CANN "
-        "toolkit: install CANN and source its environment (source /usr/local/Ascend/ascend-toolkit/set_env.sh), "
-        "then the torch-npu build that matches your torch (pip install torch-npu==<your torch version>, or pip "
-        "install \"veomni-npu[torch-npu]\")"
-    ),
-}
-
 #: How ``auto`` ranks the usable kernels of an op; the first one wins. The plan entry's reason
 #: says when the winner tied with another usable kernel at its priority, and which rule split them.
 AUTO_ORDER = (
     "highest priority; then the variant the model prefers; then origin: the core (veomni-ops), then our "
-    "first-party backends (veomni-liger, veomni-triton, veomni-quack, veomni-npu, veomni-flash), then every other "
+    f"first-party backends ({', '.join(FIRST_PARTY_DISTRIBUTIONS)}), then every other "
     "distribution; then kernel name; then distribution name"
 )
 
 
+class RefusalKind(enum.Enum):
+    """Why a kernel was refused. A refusal's fix-it hint is chosen from its kind."""
+
+    #: No installed plugin registers the name for the op.
+    UNKNOWN_NAME = "unknown name"
+    #: A bare name that two installed distributions register for the op.
+    CONTESTED_NAME = "contested name"
+    #: The name provides other variants of the op than the model needs.
+    WRONG_VARIANT = "wrong variant"
+    #: The name is qualified by a distribution that does not register it (others do).
+    WRONG_DISTRIBUTION = "wrong distribution"
+    #: The plugin that provides it was switched off (``VEOMNI_OPS_PLUGINS`` / ``VEOMNI_OPS_DISABLE``).
+    SWITCHED_OFF = "switched off"
+    #: The plugin that may provide it failed to load.
+    PLUGIN_FAILED = "plugin failed"
+    #: Its hardware requirement: another device type, or compute capability.
+    DEVICE = "device"
+    #: A distribution it requires is missing or of another version.
+    REQUIREMENT = "requirement"
+    #: It does not accept the dtype.
+    DTYPE = "dtype"
+    #: It has no backward, and training needs one.
+    NO_BACKWARD = "no backward"
+    #: It does not honour an optional feature the model needs (``spec.FEATURES``).
+    FEATURE = "feature"
+    #: It does not run under torch.compile, and this is compile mode.
+    COMPILE = "compile"
+    #: It does not run under a parallel layout the job needs (``spec.PARALLEL``).
+    PARALLEL = "parallel"
+    #: Its factory failed to import in this process.
+    IMPORT = "import"
+    #: ``auto``: no registered kernel is usable.
+    NOTHING_USABLE = "nothing usable"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why one kernel cannot be used here: its kind, and the phrase that says it."""
+
+    kind: RefusalKind
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
 @dataclass(frozen=True)
 class Refusal:
+    """One op the config asked for that cannot be had: what was asked, why not (``kind`` and
+    ``why``), what is usable instead, and how to get what was asked (``how``)."""
+
+    kind: RefusalKind
     op: str
     requested: str
     variants: tuple[str, ...]
@@ -189,8 +227,8 @@ def kernel_problem(rk: RegisteredKernel, device: DeviceInfo | str | None = None,
                 raise _strict_import_error(rk, e, name) from e
             return _import_why(e)
         return None
-    e = import_failure(rk)
-    return _import_why(e) if e is not None else None
+    failed = import_failure(rk)
+    return _import_why(failed) if failed is not None else None
 
 
 def requirement_problem(text: str) -> str | None:
@@ -216,29 +254,40 @@ def static_problem(spec: KernelSpec, device: DeviceInfo, dtype: str | None = Non
     ``compile``: the model will run under ``torch.compile``; ``parallel``: what the job's
     parallel layout needs the kernel to run under (see ``spec.PARALLEL``: ``sp``, ``ep``);
     ``check_requires=False``: skip the ``requires`` check, for planning for another machine,
-    whose installed packages this one cannot see.
+    whose installed packages this one cannot see. :func:`spec_problem` says it with its kind.
     """
+    p = spec_problem(spec, device, dtype, training, features, compile, parallel, check_requires)
+    return p.text if p is not None else None
+
+
+def spec_problem(spec: KernelSpec, device: DeviceInfo, dtype: str | None = None, training: bool = True,
+                 features: Iterable[str] = (), compile: bool = False, parallel: Iterable[str] = (),
+                 check_requires: bool = True) -> Problem | None:
+    """:func:`static_problem` with its :class:`RefusalKind`: the first check ``spec`` fails."""
     why = check_hardware(spec.hardware, device)
     if why:
-        return why
+        return Problem(RefusalKind.DEVICE, why)
     for r in spec.requires if check_requires else ():
         why = requirement_problem(r)
         if why:
-            return why
+            return Problem(RefusalKind.REQUIREMENT, why)
     if dtype is not None and dtype not in spec.dtypes:
-        return f"does not support dtype {dtype} (supports {', '.join(spec.dtypes)})"
+        return Problem(RefusalKind.DTYPE, f"does not support dtype {dtype} (supports {', '.join(spec.dtypes)})")
     if training and not spec.supports_backward:
-        return "has no backward, and training needs one"
+        return Problem(RefusalKind.NO_BACKWARD, "has no backward, and training needs one")
     missing = sorted(set(features) - set(spec.features))
     if missing:
-        return (f"does not honour {', '.join(missing)}, which the model needs here "
-                f"(its spec declares: {', '.join(spec.features) or 'no optional features'})")
+        return Problem(RefusalKind.FEATURE,
+                       f"does not honour {', '.join(missing)}, which the model needs here "
+                       f"(its spec declares: {', '.join(spec.features) or 'no optional features'})")
     if compile and not spec.supports_compile:
-        return "does not run under torch.compile (its spec says supports_compile=False), and this is compile mode"
+        return Problem(RefusalKind.COMPILE, "does not run under torch.compile (its spec says supports_compile=False), "
+                                            "and this is compile mode")
     missing = sorted(set(parallel) - set(spec.parallel))
     if missing:
-        return (f"cannot run under parallel {', '.join(missing)}, which the job's parallel layout needs "
-                f"(its spec declares: parallel={list(spec.parallel)})")
+        return Problem(RefusalKind.PARALLEL,
+                       f"cannot run under parallel {', '.join(missing)}, which the job's parallel layout needs "
+                       f"(its spec declares: parallel={list(spec.parallel)})")
     return None
 
 
@@ -268,23 +317,24 @@ def checkout_plugin_dir(distribution: str) -> str | None:
     return str(d) if rel.startswith("..") else rel
 
 
-def _ours(name: str) -> tuple[str | None, str | None]:
-    """(core extra, distribution) of one of our backends' kernel names, else (None, None)."""
-    extra = KNOWN_EXTRAS.get(name)
-    return (extra, f"veomni-{extra}") if extra else (None, None)
+def _first_party(kernel: str, distribution: str | None) -> tuple[str | None, str | None]:
+    """(core extra, distribution) for a hint: the distribution given (its extra where the core
+    has one), else the first-party plugin the bare kernel name belongs to, else (None, None)."""
+    if distribution is not None:
+        dist = canonical_distribution(distribution)
+        return extra_of(dist), dist
+    ours = first_party_extra(kernel)
+    return ours if ours is not None else (None, None)
 
 
 def install_hint(name: str, spec: KernelSpec | None = None, distribution: str | None = None) -> str:
-    """How to get kernel ``name`` (bare or qualified): the spec's own hint where it has one
-    (its plugin is installed, a requirement is not), else the plugin to install. For our own
-    backends, from a source checkout, the editable install of the plugin beside the core."""
+    """How to get kernel ``name`` (bare or qualified): the hint its spec declares where it has
+    one (its plugin is installed, a requirement is not), else the plugin to install: for our
+    own backends the core's extra (read from the core's metadata), from a source checkout the
+    editable install of the plugin beside the core."""
     kernel, qualifier = split_name(name)
-    extra, dist = _ours(kernel)
-    if distribution is not None or qualifier is not None:
-        dist = canonical_distribution(distribution or qualifier or "")
-        extra = dist.removeprefix("veomni-") if dist in FIRST_PARTY_DISTRIBUTIONS else None
+    extra, dist = _first_party(kernel, distribution or qualifier)
     local = checkout_plugin_dir(dist) if dist in FIRST_PARTY_DISTRIBUTIONS else None
-    note = VENDOR_NOTES.get(dist or "")
     if spec is not None and spec.install_hint:
         text = spec.install_hint
         index = f'pip install "veomni-ops[{extra}]"' if extra else None
@@ -299,8 +349,8 @@ def install_hint(name: str, spec: KernelSpec | None = None, distribution: str | 
                     f'pip install "veomni-ops[{extra}]")')
         else:
             text = f'pip install "veomni-ops[{extra}]"'
-        if note:
-            text += f"; {note}"
+        if extra in EXTRA_NOTES:
+            text += f"; {EXTRA_NOTES[extra]}"
         return f"To get it: {text}."
     if dist:
         return (f"To get it: pip install {dist} (the distribution the name is qualified with), or choose a kernel "
@@ -327,6 +377,20 @@ def _all_needs(reg: Registry, config: OpsConfig) -> dict[str, list[tuple[str, ..
             have = [v for v in variants if reg.providers(op, v, name)]
             needs[op] = [(v,) for v in have] or [(variants[0],)]
     return needs
+
+
+def _checked_ops(what: str, ops: Iterable[str]) -> None:
+    unknown = [op for op in ops if op not in OPS]
+    if unknown:
+        raise ValueError(f"unknown op(s) in {what}: {unknown}; known: {', '.join(OPS)}")
+
+
+def _checked_variants(op: str, req: str | tuple[str, ...]) -> tuple[str, ...]:
+    alts = _alternatives(req)
+    for v in alts:
+        if v not in OPS[op]:
+            raise ValueError(f"op {op} has no variant {v!r}; its variants: {', '.join(OPS[op])}")
+    return alts
 
 
 def resolve(
@@ -356,38 +420,24 @@ def resolve(
     one this machine is not (``VEOMNI_OPS_DEVICE=cuda:9.0`` on a CPU box). Raises :class:`ResolutionError` listing
     every refusal.
     """
-    cfg = _as_config(config)
+    cfg = as_config(config)
     dev = current_device(device)
-    if load is None:
-        load = is_local(dev)
     reg = registry if registry is not None else discover()
-    if needs is None:
-        need_map: Mapping[str, Iterable[str | tuple[str, ...]]] = _all_needs(reg, cfg)
-    else:
-        unknown = [op for op in needs if op not in OPS]
-        if unknown:
-            raise ValueError(f"unknown op(s) in needs: {unknown}; known: {', '.join(OPS)}")
-        need_map = needs
+    load = is_local(dev) if load is None else load
+    if needs is not None:
+        _checked_ops("needs", needs)
+    need_map: Mapping[str, Iterable[str | tuple[str, ...]]] = _all_needs(reg, cfg) if needs is None else needs
+    feats = {op: frozenset(f) for op, f in (features or {}).items()}
+    _checked_ops("features", feats)
     entries: list[PlanEntry] = []
     refusals: list[Refusal] = []
-    feats = {op: frozenset(f) for op, f in (features or {}).items()}
-    unknown = [op for op in feats if op not in OPS]
-    if unknown:
-        raise ValueError(f"unknown op(s) in features: {unknown}; known: {', '.join(OPS)}")
-    ctx = _Ctx(dev, dtype, training, load, compile, check_requires=check_requires)
     for op in OPS:
-        for req in need_map.get(op, ()):
-            alts = _alternatives(req)
-            for v in alts:
-                if v not in OPS[op]:
-                    raise ValueError(f"op {op} has no variant {v!r}; its variants: {', '.join(OPS[op])}")
-            requested = cfg.for_op(op)
-            c = dataclasses.replace(ctx, features=feats.get(op, frozenset()),
-                                    parallel=frozenset((parallel or {}).get(op, ())))
-            if requested == AUTO:
-                got = _resolve_auto(reg, op, alts, c)
-            else:
-                got = _resolve_named(reg, op, alts, requested, c)
+        for want in need_map.get(op, ()):
+            req = OpRequest(op, _checked_variants(op, want), cfg.for_op(op), dev, dtype=dtype, training=training,
+                            load=load, compile=compile,
+                            features=feats.get(op, frozenset()), parallel=frozenset((parallel or {}).get(op, ())),
+                            check_requires=check_requires)
+            got = _resolve_auto(reg, req) if req.name == AUTO else _resolve_named(reg, req)
             if isinstance(got, Refusal):
                 refusals.append(got)
             elif all((e.op, e.variant) != (got.op, got.variant) for e in entries):
@@ -397,62 +447,49 @@ def resolve(
     return KernelPlan(dev, cfg, tuple(entries), compile=compile)
 
 
-def is_local(dev: DeviceInfo) -> bool:
-    """Is ``dev`` this machine's device (so its kernels can be imported and run here)?"""
-    if not dev.overridden:
-        return True
-    from .device import _detected
-
-    here = _detected()
-    return dev.type == here.type and (dev.capability is None or dev.capability == here.capability)
-
-
-def _as_config(config: Any) -> OpsConfig:
-    if config is None:
-        return OpsConfig()
-    if isinstance(config, OpsConfig):
-        return config
-    if isinstance(config, Mapping):
-        return OpsConfig.from_dict(config)
-    if isinstance(config, (str, os.PathLike)):
-        return OpsConfig.from_yaml(config)
-    raise TypeError(f"config must be an OpsConfig, a mapping or a YAML path, got {type(config).__name__}")
-
-
 @dataclass(frozen=True)
-class _Ctx:
-    """What a kernel must satisfy besides its name: device, dtype, backward, features, compile."""
+class OpRequest:
+    """What resolving one op needs: the op, the variants the model accepts (preferred first),
+    the name the config writes for it (or ``auto``), and what the kernel must satisfy here
+    (device, dtype, a backward, features, compile mode, parallel layout). ``load``: import the
+    chosen kernel; ``check_requires``: see :func:`static_problem`."""
 
-    dev: DeviceInfo
-    dtype: str | None
-    training: bool
-    load: bool
-    compile: bool
+    op: str
+    variants: tuple[str, ...]
+    name: str
+    device: DeviceInfo
+    dtype: str | None = None
+    training: bool = True
+    load: bool = True
+    compile: bool = False
     features: frozenset[str] = frozenset()
     parallel: frozenset[str] = frozenset()
     check_requires: bool = True
 
-    def problem(self, spec: KernelSpec) -> str | None:
-        return static_problem(spec, self.dev, self.dtype, self.training, self.features, self.compile, self.parallel,
-                              self.check_requires)
+    def problem(self, spec: KernelSpec) -> Problem | None:
+        return spec_problem(spec, self.device, self.dtype, self.training, self.features, self.compile, self.parallel,
+                            self.check_requires)
 
     def usable(self, rk: RegisteredKernel) -> bool:
         """Passes the checks, and its kernel did not fail to import in this process."""
         return self.problem(rk.spec) is None and import_failure(rk) is None
 
+    def usable_names(self, reg: Registry) -> tuple[str, ...]:
+        """What a config could write here for the preferred variant (a contested name qualified)."""
+        return tuple(reg.name_of(k) for k in reg.for_op(self.op, self.variants[0]) if self.usable(k))
 
-def _usable_names(reg: Registry, op: str, variant: str, c: _Ctx) -> tuple[str, ...]:
-    """What a config could write here for ``op``/``variant`` (a contested name qualified)."""
-    return tuple(reg.name_of(k) for k in reg.for_op(op, variant) if c.usable(k))
+    def refuse(self, reg: Registry, kind: RefusalKind, why: str, how: str, cause: BaseException | None = None,
+               available: tuple[str, ...] | None = None) -> Refusal:
+        """A :class:`Refusal` of this request; ``available`` defaults to :meth:`usable_names`."""
+        avail = self.usable_names(reg) if available is None else available
+        return Refusal(kind, self.op, self.name, self.variants, why, avail, how, cause)
 
 
 def _entry(rk: RegisteredKernel, requested: str, reason: str, load: bool) -> PlanEntry:
-    fn = load_kernel(rk) if load else None
-    s = rk.spec
-    return PlanEntry(s.op, s.variant, requested, s.name, rk.provenance.distribution, rk.provenance.version, reason, s, fn)
+    return PlanEntry(rk, requested, reason, load_kernel(rk) if load else None)
 
 
-def _switch_hint(rec) -> str:
+def _switch_hint(rec: PluginRecord) -> str:
     """How to switch a plugin back on, from the reason discovery recorded for it (which names
     the variable and its value)."""
     p = rec.provenance
@@ -461,104 +498,109 @@ def _switch_hint(rec) -> str:
     return f"To use it, add {p.distribution} to {ENV_ALLOW}, or unset it."
 
 
-def _refuse_contested(reg: Registry, op: str, alts, name: str, c: _Ctx) -> Refusal:
-    provs = reg.distributions_of(op, name)
-    field = OP_TO_FIELD[op]
-    why = (f"kernel name {name!r} is registered for {op} by {len(provs)} distributions, "
+def _refuse_contested(reg: Registry, req: OpRequest, name: str) -> Refusal:
+    provs = reg.distributions_of(req.op, name)
+    field = OP_TO_FIELD[req.op]
+    why = (f"kernel name {name!r} is registered for {req.op} by {len(provs)} distributions, "
            + " and ".join(str(p) for p in provs)
            + ", so the bare name selects neither (an installed package never takes a name from another silently)")
     how = ("Write the name qualified by its distribution: "
            + " or ".join(f"{field}: {name}@{p.qualifier}" for p in provs)
            + f". Or take one of them out: uninstall it, or {ENV_DENY}=<its distribution> ("
            + " / ".join(p.distribution for p in provs) + ").")
-    return Refusal(op, name, alts, why, _usable_names(reg, op, alts[0], c), how)
+    return req.refuse(reg, RefusalKind.CONTESTED_NAME, why, how)
 
 
-def _resolve_named(reg, op, alts, name, c: _Ctx) -> PlanEntry | Refusal:
+def _refuse_unknown(reg: Registry, req: OpRequest) -> Refusal:
+    """Nothing registered answers to the name for this op and its variants: say why, as
+    precisely as the registry can (another variant, another distribution, a plugin switched off
+    or failed), else suggest a close name and how to install it."""
+    op, name = req.op, req.name
     kernel, dist = split_name(name)
-    if dist is None and reg.is_contested(op, kernel):
-        return _refuse_contested(reg, op, alts, kernel, c)
-    provided = [k for v in alts for k in reg.providers(op, v, name)]
+    anywhere = [k.spec.variant for k in reg.for_op(op)
+                if k.spec.name == kernel and (dist is None or k.provenance.qualifier == dist)]
+    if anywhere:
+        why = (f"kernel {name!r} provides variant(s) {', '.join(anywhere)} of {op}, but this needs "
+               f"{' or '.join(req.variants)}")
+        return req.refuse(reg, RefusalKind.WRONG_VARIANT, why, f"Choose a kernel that provides {req.variants[0]}, "
+                                                                "or 'auto'.")
+    others = reg.distributions_of(op, kernel) if dist is not None else []
+    if others:
+        why = (f"distribution {dist!r} registers no kernel {kernel!r} for {op}; "
+               + " and ".join(str(p) for p in others) + f" register{'s' if len(others) == 1 else ''} it")
+        refs = [kernel] if len(others) == 1 else [f"{kernel}@{p.qualifier}" for p in others]
+        return req.refuse(reg, RefusalKind.WRONG_DISTRIBUTION, why,
+                          "Write " + " or ".join(f"{OP_TO_FIELD[op]}: {r}" for r in refs) + ".")
+    off = reg.switched_off_for(name)
+    if off:
+        why = (f"no kernel {name!r} is registered for {op}: the plugin that provides it, {off[0].provenance}, is "
+               f"not loaded: {off[0].reason}")
+        return req.refuse(reg, RefusalKind.SWITCHED_OFF, why, _switch_hint(off[0]))
+    failures = reg.failures_for(name)
+    if failures:
+        why = f"no kernel {name!r} is registered for {op}; its plugin failed to load: " + "; ".join(
+            f.describe() for f in failures
+        )
+        return req.refuse(reg, RefusalKind.PLUGIN_FAILED, why,
+                          "Fix or reinstall the failing plugin (see the chained exception).", failures[0].error)
+    guess = difflib.get_close_matches(kernel, reg.names(op), n=1)
+    why = f"no kernel {name!r} is registered for {op}" + (f" (did you mean {guess[0]!r}?)" if guess else "")
+    if reg.failures:
+        # Not obviously theirs, but a failed plugin may be the one that provides it.
+        why += "; note that these plugins failed to load: " + ", ".join(str(f.provenance) for f in reg.failures)
+    switched = [p for p in reg.plugins if p.status == "disabled"]
+    if switched:
+        why += "; note that these plugins are not loaded: " + ", ".join(
+            f"{p.provenance} ({p.reason})" for p in switched
+        )
+    cause = reg.failures[0].error if len(reg.failures) == 1 else None
+    return req.refuse(reg, RefusalKind.UNKNOWN_NAME, why, install_hint(name), cause)
+
+
+#: The fix-it hint of a named kernel refused for one of these kinds ("{device}": the device).
+PICK_ANOTHER: Mapping[RefusalKind, str] = {
+    RefusalKind.DEVICE: "Pick a kernel that runs on {device}, or 'auto'.",
+    RefusalKind.FEATURE: "Pick a kernel listed above (they honour what the model needs), or 'auto'.",
+    RefusalKind.COMPILE: "Pick a kernel listed above (they run under torch.compile), or 'auto', or do not compile.",
+    RefusalKind.PARALLEL: "Pick a kernel listed above (they run under the layout), or 'auto', or set that parallel "
+                          "degree to 1.",
+}
+
+
+def _hint(problem: Problem, req: OpRequest, rk: RegisteredKernel) -> str:
+    """The fix-it hint for a named kernel that is registered but refused, by the kind of refusal."""
+    if problem.kind is RefusalKind.REQUIREMENT:
+        return install_hint(req.name, rk.spec, rk.provenance.distribution)
+    return PICK_ANOTHER.get(problem.kind, "").format(device=req.device)
+
+
+def _resolve_named(reg: Registry, req: OpRequest) -> PlanEntry | Refusal:
+    kernel, dist = split_name(req.name)
+    if dist is None and reg.is_contested(req.op, kernel):
+        return _refuse_contested(reg, req, kernel)
+    provided = [k for v in req.variants for k in reg.providers(req.op, v, req.name)]
     if not provided:
-        anywhere = [k.spec.variant for k in reg.for_op(op)
-                    if k.spec.name == kernel and (dist is None or k.provenance.qualifier == dist)]
-        if anywhere:
-            why = (
-                f"kernel {name!r} provides variant(s) {', '.join(anywhere)} of {op}, but this needs "
-                f"{' or '.join(alts)}"
-            )
-            return Refusal(op, name, alts, why, _usable_names(reg, op, alts[0], c),
-                           f"Choose a kernel that provides {alts[0]}, or 'auto'.")
-        usable = _usable_names(reg, op, alts[0], c)
-        others = reg.distributions_of(op, kernel) if dist is not None else []
-        off = reg.switched_off_for(name)
-        failures = reg.failures_for(name)
-        if others:
-            why = (f"distribution {dist!r} registers no kernel {kernel!r} for {op}; "
-                   + " and ".join(str(p) for p in others) + f" register{'s' if len(others) == 1 else ''} it")
-            field = OP_TO_FIELD[op]
-            refs = [kernel] if len(others) == 1 else [f"{kernel}@{p.qualifier}" for p in others]
-            how = "Write " + " or ".join(f"{field}: {r}" for r in refs) + "."
-            return Refusal(op, name, alts, why, usable, how)
-        if off:
-            rec = off[0]
-            why = (f"no kernel {name!r} is registered for {op}: the plugin that provides it, {rec.provenance}, is "
-                   f"not loaded: {rec.reason}")
-            return Refusal(op, name, alts, why, usable, _switch_hint(rec))
-        if failures:
-            why = f"no kernel {name!r} is registered for {op}; its plugin failed to load: " + "; ".join(
-                f.describe() for f in failures
-            )
-            how = "Fix or reinstall the failing plugin (see the chained exception)."
-            cause = failures[0].error
-        else:
-            known = reg.names(op)
-            guess = difflib.get_close_matches(kernel, known, n=1)
-            why = f"no kernel {name!r} is registered for {op}" + (f" (did you mean {guess[0]!r}?)" if guess else "")
-            if reg.failures:
-                # Not obviously theirs, but a failed plugin may be the one that provides it.
-                why += "; note that these plugins failed to load: " + ", ".join(
-                    str(f.provenance) for f in reg.failures
-                )
-            switched = [p for p in reg.plugins if p.status == "disabled"]
-            if switched:
-                why += "; note that these plugins are not loaded: " + ", ".join(
-                    f"{p.provenance} ({p.reason})" for p in switched
-                )
-            how = install_hint(name)
-            cause = reg.failures[0].error if len(reg.failures) == 1 else None
-        return Refusal(op, name, alts, why, usable, how, cause)
-    problems = []
+        return _refuse_unknown(reg, req)
+    problems: list[tuple[RegisteredKernel, Problem, BaseException | None]] = []
     for rk in provided:
-        why = c.problem(rk.spec)
-        if why is None:
+        problem = req.problem(rk.spec)
+        if problem is None:
             try:
-                return _entry(rk, name, "requested by name", c.load)
+                return _entry(rk, req.name, "requested by name", req.load)
             except Exception as e:
                 if strict_mode():
-                    raise _strict_import_error(rk, e, name) from e
-                problems.append((rk, _import_why(e), e))
+                    raise _strict_import_error(rk, e, req.name) from e
+                problems.append((rk, Problem(RefusalKind.IMPORT, _import_why(e)), e))
                 continue
-        problems.append((rk, why, None))
-    rk, why, cause = problems[0]
-    if "requires" in why:
-        how = install_hint(name, rk.spec, rk.provenance.distribution)
-    elif "device" in why or "capability" in why:
-        how = f"Pick a kernel that runs on {c.dev}, or 'auto'."
-    elif "honour" in why:
-        how = "Pick a kernel listed above (they honour what the model needs), or 'auto'."
-    elif "compile" in why:
-        how = "Pick a kernel listed above (they run under torch.compile), or 'auto', or do not compile."
-    elif "parallel" in why:
-        how = "Pick a kernel listed above (they run under the layout), or 'auto', or set that parallel degree to 1."
-    else:
-        how = ""
-    return Refusal(op, name, alts, f"kernel {name!r} ({rk.provenance}) {why}",
-                   _usable_names(reg, op, alts[0], c), how, cause)
+        else:
+            problems.append((rk, problem, None))
+    rk, problem, cause = problems[0]
+    return req.refuse(reg, problem.kind, f"kernel {req.name!r} ({rk.provenance}) {problem}", _hint(problem, req, rk),
+                      cause)
 
 
-def _auto_key(order: Mapping[str, int]):
-    def key(k: RegisteredKernel):
+def _auto_key(order: Mapping[str, int]) -> Callable[[RegisteredKernel], tuple[Any, ...]]:
+    def key(k: RegisteredKernel) -> tuple[Any, ...]:
         return (-k.spec.priority, order[k.spec.variant], origin_rank(k.provenance.distribution), k.spec.name,
                 k.provenance.qualifier)
     return key
@@ -574,16 +616,16 @@ def _tie_rule(a: RegisteredKernel, b: RegisteredKernel) -> str:
     return "distribution name order"
 
 
-def _compile_preference(reg, op, alts, c: _Ctx) -> PlanEntry | None:
+def _compile_preference(reg: Registry, req: OpRequest) -> PlanEntry | None:
     """Compile-mode auto: the measured choice of :mod:`.compile_policy`, where it is usable here."""
     from .compile_policy import preferences
 
-    for pref in preferences(op, tuple(alts), c.dev.type):
-        rk = reg.get(op, pref.variant, pref.kernel) if not reg.is_contested(op, pref.kernel) else None
-        if rk is None or c.problem(rk.spec) is not None:
+    for pref in preferences(req.op, req.variants, req.device.type):
+        rk = reg.get(req.op, pref.variant, pref.kernel) if not reg.is_contested(req.op, pref.kernel) else None
+        if rk is None or req.problem(rk.spec) is not None:
             continue
         try:
-            entry = _entry(rk, AUTO, "", c.load)
+            entry = _entry(rk, AUTO, "", req.load)
         except Exception:
             continue
         return dataclasses.replace(entry, reason=f"auto (compile mode): {pref.kernel} by measurement: {pref.why} "
@@ -591,38 +633,44 @@ def _compile_preference(reg, op, alts, c: _Ctx) -> PlanEntry | None:
     return None
 
 
-def _resolve_auto(reg, op, alts, c: _Ctx) -> PlanEntry | Refusal:
-    if c.compile:
-        got = _compile_preference(reg, op, alts, c)
+def _auto_reason(reg: Registry, req: OpRequest, rk: RegisteredKernel, behind: list[RegisteredKernel],
+                 passed: list[str]) -> str:
+    """Why ``auto`` took ``rk``: its priority, a tie it won and by which rule, what it passed over."""
+    reason = f"auto: highest priority usable here (priority {rk.spec.priority})"
+    tied = [k for k in behind if k.spec.priority == rk.spec.priority and k.spec.variant == rk.spec.variant
+            and req.usable(k)]
+    if tied:
+        reason += (f"; tie at priority {rk.spec.priority} with " + ", ".join(k.qualified_name for k in tied)
+                   + f", broken by {_tie_rule(rk, tied[0])}")
+    if passed:
+        reason += "; passed over " + ", ".join(passed)
+    if reg.is_contested(req.op, rk.spec.name):
+        reason += f"; its name is contested: select it by name as {rk.qualified_name}"
+    return reason
+
+
+def _resolve_auto(reg: Registry, req: OpRequest) -> PlanEntry | Refusal:
+    if req.compile:
+        got = _compile_preference(reg, req)
         if got is not None:
             return got
-    cands = [k for v in alts for k in reg.for_op(op, v)]
     # See AUTO_ORDER: priority, preferred variant, origin (core, first-party, others), name, distribution.
-    order = {v: i for i, v in enumerate(alts)}
-    cands.sort(key=_auto_key(order))
+    cands = sorted((k for v in req.variants for k in reg.for_op(req.op, v)),
+                   key=_auto_key({v: i for i, v in enumerate(req.variants)}))
     passed: list[str] = []
     for i, rk in enumerate(cands):
-        why = c.problem(rk.spec)
-        if why is None:
-            try:
-                entry = _entry(rk, AUTO, "", c.load)
-            except Exception as e:
-                if strict_mode():
-                    raise _strict_import_error(rk, e, reg.name_of(rk)) from e
-                passed.append(f"{reg.name_of(rk)} (import failed: {type(e).__name__})")
-                continue
-            reason = f"auto: highest priority usable here (priority {rk.spec.priority})"
-            tied = [k for k in cands[i + 1:] if k.spec.priority == rk.spec.priority
-                    and k.spec.variant == rk.spec.variant and c.usable(k)]
-            if tied:
-                reason += (f"; tie at priority {rk.spec.priority} with "
-                           + ", ".join(k.qualified_name for k in tied)
-                           + f", broken by {_tie_rule(rk, tied[0])}")
-            if passed:
-                reason += "; passed over " + ", ".join(passed)
-            if reg.is_contested(op, rk.spec.name):
-                reason += f"; its name is contested: select it by name as {rk.qualified_name}"
-            return dataclasses.replace(entry, reason=reason)
-        passed.append(f"{reg.name_of(rk)} ({why})")
-    return Refusal(op, AUTO, alts, "no registered kernel is usable here" + (": " + "; ".join(passed) if passed else ""),
-                   (), "Install a backend for this op, or check why the candidates were refused.")
+        problem = req.problem(rk.spec)
+        if problem is not None:
+            passed.append(f"{reg.name_of(rk)} ({problem})")
+            continue
+        try:
+            entry = _entry(rk, AUTO, "", req.load)
+        except Exception as e:
+            if strict_mode():
+                raise _strict_import_error(rk, e, reg.name_of(rk)) from e
+            passed.append(f"{reg.name_of(rk)} (import failed: {type(e).__name__})")
+            continue
+        return dataclasses.replace(entry, reason=_auto_reason(reg, req, rk, cands[i + 1:], passed))
+    return req.refuse(reg, RefusalKind.NOTHING_USABLE,
+                      "no registered kernel is usable here" + (": " + "; ".join(passed) if passed else ""),
+                      "Install a backend for this op, or check why the candidates were refused.", available=())

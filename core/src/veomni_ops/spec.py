@@ -12,33 +12,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Union
 
-#: Every op the core knows, with its variants. The first variant is the default one.
-OPS: Mapping[str, tuple[str, ...]] = {
-    "rms_norm": ("standard", "offset"),
-    "rotary": ("full", "partial"),
-    "swiglu": ("standard",),
-    "cross_entropy": ("logits", "fused_linear"),
-    "moe_experts": ("standard",),
-    "load_balancing_loss": ("standard",),
-    "attention": ("standard",),
-}
-
-#: Optional behaviours a kernel may honour beyond its op's contract, per op. A model place
-#: that needs one (Gemma-2's attention soft-capping, GPT-OSS's attention sinks) only takes a
-#: kernel whose spec lists it in ``features``.
-FEATURES: Mapping[str, tuple[str, ...]] = {
-    "attention": ("softcap", "sinks", "sliding_window", "dropout"),
-}
-
-#: Parallel layouts a kernel may declare it runs under, per op (``KernelSpec.parallel``). ``sp``:
-#: the attention kernel is called by the Ulysses wrapper on the whole sequence and a slice of
-#: the heads (it reads heads from the tensors, not from the module, and takes no mask: the
-#: causality, window and packing come from the call). ``ep``: the experts kernel is called on
-#: a slice of the experts (E from ``gate_up_proj``) with routes to other ranks' experts as ``-1``.
-PARALLEL: Mapping[str, tuple[str, ...]] = {
-    "attention": ("sp",),
-    "moe_experts": ("ep",),
-}
+# The ops, their variants, features and parallel layouts (one table, veomni_ops.ops), as spec has always named them.
+from .ops import FEATURES, OPS, PARALLEL
 
 #: Device types a hardware requirement may name. ``any`` matches every device.
 DEVICE_TYPES = ("cuda", "rocm", "npu", "xpu", "mps", "cpu", "any")

@@ -23,14 +23,15 @@ from __future__ import annotations
 
 import copy
 import inspect
+import sys
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from ..config import AUTO, OP_TO_FIELD, OpsConfig
+from ..config import AUTO, OP_TO_FIELD, OpsConfig, as_config
 from ..device import DeviceInfo, current_device
 from ..plan import KernelPlan, text_columns
 from ..resolve import ResolutionError, resolve
@@ -39,6 +40,10 @@ from .binders import BY_OP, Edits, NotBindable, Place, find_places
 from .functions import RebindError, copy_with_globals
 from .head import causal_lm_forward
 from .versions import check_transformers
+
+if TYPE_CHECKING:
+    from ..parallel.runtime import ParallelRuntime
+    from ..registry import Registry
 
 __all__ = ["Binding", "BindingError", "Place", "apply", "needs_of", "survey"]
 
@@ -122,9 +127,7 @@ def _config_of(config_or_plan) -> OpsConfig:
         return config_or_plan.config
     if isinstance(config_or_plan, OpsConfig):
         return config_or_plan
-    from ..resolve import _as_config
-
-    return _as_config(config_or_plan)
+    return as_config(config_or_plan)
 
 
 def _named(cfg: OpsConfig, op: str) -> bool:
@@ -143,10 +146,10 @@ def apply(
     config_or_plan: KernelPlan | OpsConfig | Mapping[str, Any] | str | None = None,
     *,
     device: DeviceInfo | str | None = None,
-    registry=None,
+    registry: Registry | None = None,
     training: bool = True,
     compile: bool = False,
-    parallel=None,
+    parallel: ParallelRuntime | None = None,
 ) -> Binding:
     """Resolve (if given a config) and bind kernels into ``model``. Returns a :class:`Binding`.
 
@@ -207,14 +210,23 @@ def apply(
                            registry=registry, dtype=_model_dtype(model), training=training, compile=compile,
                            parallel=parallel.needs() if parallel is not None else None)
         except ResolutionError as e:
-            e.add_note(f"(while binding {type(model).__name__}: its places need "
-                       f"{_describe_features(features_of(places)) or 'no extra features'})")
+            _add_note(e, f"(while binding {type(model).__name__}: its places need "
+                         f"{_describe_features(features_of(places)) or 'no extra features'})")
             raise
     if parallel is not None:
         plan = parallel.wrap_plan(plan)
     bound = _bind(model, plan, places, skipped)
-    model.veomni_ops_binding = bound  # per instance, for inspection
+    model.veomni_ops_binding = bound  # type: ignore[assignment]  # per instance, for inspection
     return bound
+
+
+def _add_note(e: BaseException, note: str) -> None:
+    """``e.add_note(note)``; before Python 3.11, which has no exception notes, the note is
+    appended to the message."""
+    if sys.version_info >= (3, 11):
+        e.add_note(note)
+    else:
+        e.args = (f"{e}\n{note}", *e.args[1:])
 
 
 def _describe_features(feats: Mapping[str, frozenset[str]]) -> str:
@@ -247,7 +259,7 @@ def _own_configs(model: nn.Module) -> None:
     for mod in model.modules():
         c = mod.__dict__.get("config")
         if isinstance(c, PretrainedConfig):
-            mod.config = copy.deepcopy(c, memo)
+            mod.config = copy.deepcopy(c, memo)  # type: ignore[assignment]  # a plain attribute
 
 
 def _bind(model: nn.Module, plan: KernelPlan, places: list[Place], skipped) -> Binding:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -99,7 +99,7 @@ class Binder:
 
 
 def _probe_rms_variant(m: nn.Module, eps: float) -> str | None:
-    w = m.weight
+    w = cast(torch.Tensor, m.weight)
     h = w.shape[0]
     with torch.no_grad():
         x = torch.randn(3, h, dtype=torch.float32, device=w.device, generator=torch.Generator(w.device).manual_seed(0))
@@ -110,10 +110,10 @@ def _probe_rms_variant(m: nn.Module, eps: float) -> str | None:
         xf = x.to(w.dtype).float()
         xhat = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
         wf = w.float()
-        tol = dict(rtol=2e-2, atol=2e-2) if w.dtype in (torch.bfloat16, torch.float16) else dict(rtol=1e-4, atol=1e-5)
-        if torch.allclose(out, xhat * wf, **tol):
+        rtol, atol = (2e-2, 2e-2) if w.dtype in (torch.bfloat16, torch.float16) else (1e-4, 1e-5)
+        if torch.allclose(out, xhat * wf, rtol=rtol, atol=atol):
             return "standard"
-        if torch.allclose(out, xhat * (1.0 + wf), **tol):
+        if torch.allclose(out, xhat * (1.0 + wf), rtol=rtol, atol=atol):
             return "offset"
     return None
 
@@ -124,7 +124,8 @@ class NotBindable(ValueError):
 
 def _find_rms_norm(path: str, m: nn.Module, survey: Survey) -> list[Place]:
     cls = type(m).__name__
-    if not (cls.endswith("RMSNorm") and isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 1):
+    weight = getattr(m, "weight", None)
+    if not (cls.endswith("RMSNorm") and isinstance(weight, torch.Tensor) and weight.dim() == 1):
         return []
     eps = getattr(m, "variance_epsilon", getattr(m, "eps", None))
     if eps is None:
@@ -235,6 +236,7 @@ def attention_features(m: nn.Module) -> frozenset[str]:
         out.add("softcap")
     if isinstance(getattr(m, "sinks", None), torch.Tensor):
         out.add("sinks")
+    window: Any
     if hasattr(m, "sliding_window"):
         window = m.sliding_window
     elif _forward_mentions(m, "sliding_window"):
@@ -341,7 +343,8 @@ _LOGIT_RESCALERS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 def head_rescales_logits(model: nn.Module) -> bool:
     names = code_names(library_method(type(model), "forward"))
     cfg = getattr(model, "config", None)
-    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    get_text = getattr(cfg, "get_text_config", None)
+    text = get_text() if get_text is not None else cfg
     for n in _LOGIT_RESCALERS:
         if n in names:
             missing = object()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 #: Modules whose classes binding may replace methods of: transformers itself, and the
@@ -21,7 +21,7 @@ class RebindError(ValueError):
     """A function cannot be copied with other globals."""
 
 
-def copy_with_globals(fn, overrides: Mapping[str, Any]):
+def copy_with_globals(fn: Callable[..., Any], overrides: Mapping[str, Any]) -> Callable[..., Any]:
     """A copy of ``fn`` whose module globals are overridden: per instance, nothing shared.
 
     A decorated function (``functools.wraps``: ``fn.__wrapped__`` is the function it wraps)
@@ -43,17 +43,17 @@ def copy_with_globals(fn, overrides: Mapping[str, Any]):
     new_cells = tuple(types.CellType(new_inner) if i == held[0] else c for i, c in enumerate(cells))
     new = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, new_cells)
     new.__dict__.update(fn.__dict__)
-    new.__wrapped__ = new_inner
+    new.__wrapped__ = new_inner  # type: ignore[attr-defined]  # what functools.wraps sets
     _copy_names(fn, new)
     return new
 
 
-def code_names(fn) -> set[str]:
+def code_names(fn: Callable[..., Any]) -> set[str]:
     """Global names the (innermost) function's code refers to."""
     return set(inspect.unwrap(fn).__code__.co_names)
 
 
-def function_globals(fn) -> dict[str, Any]:
+def function_globals(fn: Callable[..., Any]) -> dict[str, Any]:
     return inspect.unwrap(fn).__globals__
 
 
@@ -69,7 +69,7 @@ def _is_library(c: type) -> bool:
     return c.__module__.startswith(LIBRARY_PREFIXES) or c.__module__ == "transformers"
 
 
-def library_method(cls: type, method: str):
+def library_method(cls: type, method: str) -> Callable[..., Any]:
     """``method`` as the nearest library class in ``cls``'s MRO defines it (a user's override
     skipped), so that what a module *is* can be read even when a subclass changed it."""
     for c in cls.__mro__:

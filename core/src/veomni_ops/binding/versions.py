@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Mapping
 
 #: Oldest supported release (inclusive) and the first release not yet supported (exclusive).
 #: Keep in step with ``core/pyproject.toml`` (a test checks that they agree).
@@ -53,7 +54,8 @@ def support_problem(version: str | None) -> str | None:
             f"(transformers{SUPPORTED})")
 
 
-def check_transformers(model_cls: type | None = None, version: str | None = None, env=None) -> None:
+def check_transformers(model_cls: type | None = None, version: str | None = None,
+                       env: Mapping[str, str] | None = None) -> None:
     """Raise :class:`UnsupportedTransformersError` if the installed transformers is outside the range."""
     version = version or installed_transformers()
     why = support_problem(version)

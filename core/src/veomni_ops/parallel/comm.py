@@ -51,7 +51,7 @@ class _AllToAll(torch.autograd.Function):
         return (None, None, None, *out)
 
 
-def all_to_all(group, *tensors: torch.Tensor, in_splits: Sequence[int] | None = None,
+def all_to_all(group: dist.ProcessGroup | None, *tensors: torch.Tensor, in_splits: Sequence[int] | None = None,
                out_splits: Sequence[int] | None = None) -> tuple[torch.Tensor, ...]:
     """Send rows ``[sum(in_splits[:j]), ...)`` of every tensor to rank ``j`` of ``group``; receive
     ``out_splits[j]`` rows from rank ``j``. ``None`` splits: equal chunks of dim 0. Differentiable."""
@@ -59,7 +59,7 @@ def all_to_all(group, *tensors: torch.Tensor, in_splits: Sequence[int] | None = 
                            None if out_splits is None else tuple(out_splits), *tensors)
 
 
-def all_to_all_nograd(group, x: torch.Tensor, in_splits: Sequence[int] | None = None,
+def all_to_all_nograd(group: dist.ProcessGroup | None, x: torch.Tensor, in_splits: Sequence[int] | None = None,
                       out_splits: Sequence[int] | None = None) -> torch.Tensor:
     """The same exchange for a tensor that carries no gradient (integer indices, counts)."""
     return _a2a(x, out_splits, in_splits, group)
@@ -80,7 +80,7 @@ class _AllGather(torch.autograd.Function):
         return None, g[ctx.rank]
 
 
-def all_gather(group, x: torch.Tensor) -> torch.Tensor:
+def all_gather(group: dist.ProcessGroup | None, x: torch.Tensor) -> torch.Tensor:
     """``[n, *x.shape]``: every rank's ``x`` in rank order. Differentiable (gradients summed)."""
     return _AllGather.apply(group, x)
 
@@ -94,6 +94,6 @@ def _gather(x: torch.Tensor, n: int, group) -> torch.Tensor:
     return out.view(n, *x.shape)
 
 
-def all_gather_nograd(group, x: torch.Tensor) -> torch.Tensor:
+def all_gather_nograd(group: dist.ProcessGroup | None, x: torch.Tensor) -> torch.Tensor:
     """``[n, *x.shape]`` as :func:`all_gather`, for a tensor that carries no gradient."""
     return _gather(x, dist.get_world_size(group), group)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -45,7 +45,7 @@ from .comm import all_gather, all_gather_nograd, all_to_all, all_to_all_nograd
 
 def shard_experts(module: nn.Module, ep: int, rank: int) -> int:
     """Keep only this rank's ``E / ep`` experts in ``module`` (``gate_up_proj``/``down_proj``); returns E."""
-    gu, dn = module.gate_up_proj, module.down_proj
+    gu, dn = cast(torch.Tensor, module.gate_up_proj), cast(torch.Tensor, module.down_proj)
     e = gu.shape[0]
     if e % ep:
         raise ValueError(f"parallel.ep {ep} must divide the number of experts, {e} ({type(module).__name__})")
@@ -53,11 +53,12 @@ def shard_experts(module: nn.Module, ep: int, rank: int) -> int:
     lo = rank * n
     module.gate_up_proj = nn.Parameter(gu.detach()[lo:lo + n].clone(), requires_grad=gu.requires_grad)
     module.down_proj = nn.Parameter(dn.detach()[lo:lo + n].clone(), requires_grad=dn.requires_grad)
-    module.veomni_ops_experts = {"num_experts": e, "ep": ep, "first": lo, "local": n}
+    # nn.Module.__setattr__ is typed for tensors and modules; plain attributes are fine at runtime.
+    module.veomni_ops_experts = {"num_experts": e, "ep": ep, "first": lo, "local": n}  # type: ignore[assignment]
     return e
 
 
-def expert_parallel(kernel: Callable[..., torch.Tensor], group, ep: int, name: str = "") -> Callable[..., torch.Tensor]:
+def expert_parallel(kernel: Callable[..., torch.Tensor], group: dist.ProcessGroup | None, ep: int, name: str = "") -> Callable[..., torch.Tensor]:
     """The plan's ``moe_experts`` kernel, run over an expert group of ``ep`` ranks."""
     rank = dist.get_rank(group)
     #: what this rank dispatched and received, in (token, rank) rows, over all calls (host ints: free)
@@ -95,11 +96,11 @@ def expert_parallel(kernel: Callable[..., torch.Tensor], group, ep: int, name: s
         out = hidden_states.new_zeros((t, h))
         return out.index_add(0, t_sel, back.to(out.dtype))
 
-    ep_experts.veomni_ops_ep = {"ep": ep, "rank": rank, "name": name, "stats": stats}
+    ep_experts.veomni_ops_ep = {"ep": ep, "rank": rank, "name": name, "stats": stats}  # type: ignore[attr-defined]
     return ep_experts
 
 
-def global_load_balancing(kernel: Callable[..., torch.Tensor], group, world: int,
+def global_load_balancing(kernel: Callable[..., torch.Tensor], group: dist.ProcessGroup | None, world: int,
                           token_mask: Callable[[], torch.Tensor | None]) -> Callable[..., torch.Tensor]:
     """The plan's ``load_balancing_loss`` kernel over the tokens of *every* rank.
 

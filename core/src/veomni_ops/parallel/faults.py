@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 PREFIX = "veomni_ops/failure"
 
@@ -72,7 +72,9 @@ class FailureGuard:
         self.exit_on_peer_failure = exit_on_peer_failure
         attempt = attempt if attempt is not None else os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         self.prefix = f"{PREFIX}/{attempt}"
-        self._store = self._watch_store = None
+        # torch.distributed.TCPStore once connected (typed Any: torch's Store methods are untyped).
+        self._store: Any = None
+        self._watch_store: Any = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._reported = False
@@ -108,7 +110,7 @@ class FailureGuard:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5 * self.poll_s + 1)
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> Literal[False]:
         self.stop()
         if exc is None or self._store is None or isinstance(exc, (ParallelFailure, GeneratorExit)):
             return False

@@ -14,9 +14,13 @@ gradients are reduced in float32. For float32 nothing is cast.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 
 def _fsdp():
@@ -38,8 +42,8 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return found
 
 
-def shard_model(model: nn.Module, dense_mesh, compute_dtype: torch.dtype, expert_modules: Iterable[nn.Module] = (),
-                expert_mesh=None) -> nn.Module:
+def shard_model(model: nn.Module, dense_mesh: DeviceMesh, compute_dtype: torch.dtype,
+                expert_modules: Iterable[nn.Module] = (), expert_mesh: DeviceMesh | None = None) -> nn.Module:
     """Apply FSDP2 to ``model`` in place (see the module docstring). Returns ``model``."""
     fully_shard, MixedPrecisionPolicy, FSDPModule = _fsdp()
     if compute_dtype in (torch.bfloat16, torch.float16):

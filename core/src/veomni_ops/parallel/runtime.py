@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -38,6 +38,12 @@ from .faults import FailureGuard
 from .fsdp import full_tensor, shard_model
 from .layout import ParallelConfigError, ParallelLayout, world_from_env
 from .ulysses import pad_to_multiple, seq_slice, ulysses_attention
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from ..binding import Binding
+    from ..plan import KernelPlan
 
 IGNORE_INDEX = -100
 
@@ -52,8 +58,10 @@ class ParallelRuntime:
         self.device = device
         self.backend = "nccl" if device.startswith("cuda") else "gloo"
         self.coords = layout.coords(rank)
-        self.sp_group = self.ep_group = None
-        self.dense_mesh = self.expert_mesh = None
+        self.sp_group: dist.ProcessGroup | None = None
+        self.ep_group: dist.ProcessGroup | None = None
+        self.dense_mesh: DeviceMesh | None = None
+        self.expert_mesh: DeviceMesh | None = None
         self.guard: FailureGuard | None = None
         self._owns_pg = False
         self._token_mask: torch.Tensor | None = None
@@ -126,7 +134,7 @@ class ParallelRuntime:
     def __enter__(self) -> ParallelRuntime:
         return self.start()
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> Literal[False]:
         self.close(exc)
         return False
 
@@ -135,7 +143,7 @@ class ParallelRuntime:
         """Per op, what ``KernelSpec.parallel`` must declare for this layout (given to ``resolve``)."""
         return self.layout.needs()
 
-    def wrap_plan(self, plan):
+    def wrap_plan(self, plan: KernelPlan) -> KernelPlan:
         """``plan`` with its kernels wrapped for this layout (attention: Ulysses; experts: EP; the
         load-balancing loss: over every rank's tokens). Refuses a kernel whose spec lacks what the
         layout needs."""
@@ -202,7 +210,7 @@ class ParallelRuntime:
                 prefix = names[id(p.module)]
                 self._expert_params |= {f"{prefix}.gate_up_proj", f"{prefix}.down_proj"}
 
-    def parallelize(self, model: nn.Module, binding, dtype: torch.dtype) -> nn.Module:
+    def parallelize(self, model: nn.Module, binding: Binding, dtype: torch.dtype) -> nn.Module:
         """After binding: check every place the layout wraps got its kernel; then FSDP2."""
         bound = {(path, op) for path, op, _, _ in binding.bound}
         names = {id(m): n for n, m in model.named_modules()}
@@ -210,6 +218,8 @@ class ParallelRuntime:
         if missing:
             raise ParallelConfigError(f"parallel.ep {self.layout.ep}: the experts at {', '.join(missing)} were not "
                                       "bound, so they would not be expert-parallel")
+        if self.dense_mesh is None:
+            raise RuntimeError("ParallelRuntime.parallelize needs the started runtime (start() or `with runtime:`)")
         return shard_model(model, self.dense_mesh, dtype, self._expert_modules, self.expert_mesh)
 
     # -- the data --------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ from .comm import all_gather_nograd, all_to_all
 _LOCAL_PACKING = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 
 
-def seq_to_heads(group, sp: int, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def seq_to_heads(group: dist.ProcessGroup | None, sp: int, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """``[B, H, S/sp, D]`` on every rank -> ``[B, H/sp, S, D]`` (heads of this rank, whole sequence)."""
     packed = []
     for x in xs:
@@ -55,7 +55,7 @@ def seq_to_heads(group, sp: int, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return tuple(out)
 
 
-def heads_to_seq(group, sp: int, x: torch.Tensor) -> torch.Tensor:
+def heads_to_seq(group: dist.ProcessGroup | None, sp: int, x: torch.Tensor) -> torch.Tensor:
     """``[B, S, H/sp, D]`` (a kernel's output) -> ``[B, S/sp, H, D]`` (this rank's slice, all heads)."""
     b, s, h, d = x.shape
     packed = x.reshape(b, sp, s // sp, h, d).permute(1, 0, 2, 3, 4)  # [sp(dest = slice), B, S/sp, H/sp, D]
@@ -67,7 +67,7 @@ class _GlobalPositions:
     """All-gathers the position ids of the local slice into those of the whole sequence, once
     per tensor (the layers of one forward share it)."""
 
-    def __init__(self, group):
+    def __init__(self, group: Any) -> None:
         self.group = group
         self._last: tuple[int, int, Any, torch.Tensor] | None = None
 
@@ -84,7 +84,7 @@ class _GlobalPositions:
         return full
 
 
-def ulysses_attention(kernel: Callable[..., Any], group, sp: int, name: str = "") -> Callable[..., Any]:
+def ulysses_attention(kernel: Callable[..., Any], group: dist.ProcessGroup | None, sp: int, name: str = "") -> Callable[..., Any]:
     """The plan's attention ``kernel`` made sequence-parallel over ``group`` (``sp`` ranks)."""
     rank = dist.get_rank(group)
     positions = _GlobalPositions(group)
@@ -112,7 +112,7 @@ def ulysses_attention(kernel: Callable[..., Any], group, sp: int, name: str = ""
     return sp_attention
 
 
-def pad_to_multiple(x: torch.Tensor, multiple: int, value) -> torch.Tensor:
+def pad_to_multiple(x: torch.Tensor, multiple: int, value: float) -> torch.Tensor:
     """``x`` with its last dimension padded at the end to a multiple of ``multiple``."""
     extra = (-x.shape[-1]) % multiple
     if not extra:

@@ -268,7 +268,7 @@ class ConformanceBase:
                              dtypes=dtypes, size=size)
         if not params:
             # Not registered (or no variant/dtype left): one test that fails and says why.
-            params = [None]
+            params = [None]  # type: ignore[list-item]
         metafunc.parametrize("conformance_case", params,
                              ids=[p.id if p is not None else "not-registered" for p in params])
 
@@ -306,7 +306,7 @@ class ConformanceBase:
                 and (cls.variants is None or rk.spec.variant in cls.variants)]
         if not mine:
             pytest.skip(f"no kernel {cls.kernel_name!r} registered for {cls.op} (test_registered says why)")
-        skipped = [why for rk in mine if (why := check_compiles(reg, cls.op, rk.spec.variant, cls.kernel_name))]
+        skipped = [why for rk in mine if (why := check_compiles(reg, cls.op, rk.spec.variant, cls.kernel_name))]  # type: ignore[arg-type]
         if len(skipped) == len(mine):
             pytest.skip("; ".join(skipped))
 

@@ -40,7 +40,6 @@ The kit's modules: :mod:`~veomni_ops.testing.cases` (inputs per op, as data),
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -142,7 +141,8 @@ def resolve_kernel(rk: RegisteredKernel, registry: Registry, dev: DeviceInfo) ->
     """Resolve exactly ``rk`` by name (``load=True``); raises ResolutionError with the reason."""
     spec = rk.spec
     # The name a config writes for exactly this kernel: qualified where two distributions register it.
-    cfg = dataclasses.replace(OpsConfig(), **{OP_TO_FIELD[spec.op]: registry.name_of(rk)})
+    fields: dict[str, Any] = {OP_TO_FIELD[spec.op]: registry.name_of(rk)}
+    cfg = OpsConfig(**fields)
     plan = resolve(cfg, dev, needs={spec.op: [spec.variant]}, registry=registry, training=False, load=True)
     return plan.kernel(spec.op, spec.variant)
 

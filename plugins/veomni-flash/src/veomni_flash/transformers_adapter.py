@@ -140,7 +140,7 @@ def patch_hub_kernel_loader() -> bool:
     global _original_loader
     if _transformers_major() < 5:
         return False
-    hub = importlib.import_module("transformers.integrations.hub_kernels")
+    hub: Any = importlib.import_module("transformers.integrations.hub_kernels")
     current = getattr(hub, "load_and_register_attn_kernel", None)
     if current is None:
         raise ImportError(
@@ -168,6 +168,6 @@ def restore() -> None:
                     iface._global_mapping[name] = old
         _saved.clear()
     if _original_loader is not None:
-        hub = importlib.import_module("transformers.integrations.hub_kernels")
+        hub: Any = importlib.import_module("transformers.integrations.hub_kernels")
         hub.load_and_register_attn_kernel = _original_loader
         _original_loader = None

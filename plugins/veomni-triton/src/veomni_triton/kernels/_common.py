@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import Literal
 
 import torch
 import triton
@@ -176,7 +177,7 @@ class _NullContext:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, *exc: object) -> bool:
+    def __exit__(self, *exc: object) -> Literal[False]:
         return False
 
 
