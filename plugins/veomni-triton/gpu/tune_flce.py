@@ -27,20 +27,25 @@ H, V = 2560, 151936
 GiB = 2**30
 
 
+def event_times(fn, reps: int) -> list[float]:
+    """Milliseconds of ``reps`` calls of ``fn``, each between its own CUDA events."""
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        torch.cuda.synchronize()
+        times.append(s.elapsed_time(e))
+    return times
+
+
 def matmul_ceiling(reps: int = 20) -> float:
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     for _ in range(3):
         a @ b
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        a @ b
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e))
-    return 2 * 8192**3 / (statistics.median(times) * 1e-3) / 1e12
+    return 2 * 8192**3 / (statistics.median(event_times(lambda: a @ b, reps)) * 1e-3) / 1e12
 
 
 def impls(chunks: list[int]) -> dict:
@@ -103,14 +108,7 @@ def measure(fn, tokens: int, warmup: int, reps: int) -> dict:
     torch.cuda.synchronize()
     grads = h.numel() * 2 + w.numel() * 2
     extra = (torch.cuda.max_memory_allocated() - base - grads) / GiB
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        call()
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e))
+    times = event_times(call, reps)
     return {"ms": statistics.median(times), "ms_min": min(times), "ms_max": max(times), "extra_gib": extra,
             "loss": float(loss.detach())}
 
@@ -140,15 +138,7 @@ def phases(chunk: int, reps: int = 10) -> None:
     for name, (fn, flops, nbytes) in steps.items():
         for _ in range(2):
             fn()
-        times = []
-        for _ in range(reps):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            fn()
-            e.record()
-            torch.cuda.synchronize()
-            times.append(s.elapsed_time(e))
-        ms = statistics.median(times)
+        ms = statistics.median(event_times(fn, reps))
         rate = f"{flops / ms / 1e9:.0f} TFLOP/s" if flops else f"{nbytes / ms / 1e9:.2f} TB/s of logits read + written"
         print(f"  {name:30s} {ms:8.3f} ms  {rate}")
 

@@ -33,11 +33,11 @@ import torch.nn.functional as F
 from .checks import (
     check_float,
     check_label_values,
+    check_labels,
+    check_linear_cross_entropy_inputs,
     check_ndim,
     check_same_device,
 )
-from .checks import check_labels as _check_labels
-from .checks import check_linear_cross_entropy_inputs as _check_linear
 
 _OP = "cross_entropy"
 
@@ -70,7 +70,7 @@ def cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor, *, ignore_inde
     """
     check_float(logits, "logits", _OP)
     check_ndim(logits, 2, "logits", _OP, "[N, V] (flatten leading dimensions with .view(-1, V))")
-    _check_labels(labels, logits.shape[0], ignore_index)
+    check_labels(labels, logits.shape[0], ignore_index)
     check_same_device(_OP, logits=logits, labels=labels)
     check_label_values(labels, logits.shape[1], ignore_index)
     return _cross_entropy_sum(logits, labels, ignore_index)
@@ -85,7 +85,7 @@ def fused_linear_cross_entropy_sum(
     ignore_index: int = -100,
 ) -> torch.Tensor:
     """Eager reference of the ``fused_linear`` variant: full logits, then :func:`cross_entropy_sum`."""
-    _check_linear(hidden, weight, labels, bias, ignore_index)
+    check_linear_cross_entropy_inputs(hidden, weight, labels, bias, ignore_index)
     logits = F.linear(hidden, weight, bias)
     return _cross_entropy_sum(logits, labels, ignore_index)
 
@@ -220,7 +220,7 @@ def chunked_fused_linear_cross_entropy_sum(
     (``benchmarks/results/h100-2026-11-25-flce/``). The gradients are computed in the forward
     and kept until backward.
     """
-    _check_linear(hidden, weight, labels, bias, ignore_index)
+    check_linear_cross_entropy_inputs(hidden, weight, labels, bias, ignore_index)
     n = hidden.shape[0]
     if chunk_size is None:
         chunk_size = default_chunk_size(n, weight.shape[0])
