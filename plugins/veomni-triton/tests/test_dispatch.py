@@ -60,3 +60,24 @@ def test_rotary_eager_node_and_double_backward(device):
     hq, hk = torch.autograd.grad((gq * vq).sum() + (gk * vk).sum(), (q, k))
     torch.testing.assert_close(hq, 2 * vq, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(hk, 2 * vk, rtol=1e-5, atol=1e-5)
+
+
+def test_load_balancing_eager_node_and_op_agree(device):
+    from veomni_triton.kernels.load_balancing import load_balancing_loss
+
+    layers = [torch.randn(24, 16, device=device, requires_grad=True) for _ in range(3)]
+    mask = torch.ones(4, 6, device=device, dtype=torch.long)
+    mask[:, -2:] = 0
+    loss = load_balancing_loss(layers, 16, 4, mask)
+    # one lean autograd node on the eager path, not the custom op's
+    assert "LoadBalancingFunction" in _node(loss), _node(loss)
+    grads = torch.autograd.grad(loss, layers)
+    op_loss, coef = torch.ops.veomni_triton.load_balancing_loss_fwd([t.detach() for t in layers], 16, 4,
+                                                                     mask.reshape(-1).float())
+    torch.testing.assert_close(loss.detach(), op_loss, rtol=0, atol=0)
+    dx = torch.ops.veomni_triton.load_balancing_loss_bwd(torch.ones((), device=device), [t.detach() for t in layers],
+                                                         coef, mask.reshape(-1).float())
+    for g, d in zip(grads, dx.unbind(0)):
+        torch.testing.assert_close(g, d, rtol=0, atol=0)
+    with torch.no_grad():
+        assert torch.equal(load_balancing_loss(layers, 16, 4, mask), loss.detach())

@@ -51,7 +51,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import CHECKS, check_device, interpreter_active, next_pow2, num_sms
+from ._common import CHECKS, check_device, eager_path, interpreter_active, next_pow2, num_sms
 
 _OP = "load_balancing_loss"
 
@@ -286,10 +286,11 @@ def _fwd_launch(t: int, e: int, num_layers: int, device: torch.device) -> tuple[
     return e_pow2, block_t, tiles_per_layer, total, programs
 
 
-@torch.library.custom_op("veomni_triton::load_balancing_loss_fwd", mutates_args=())
-def _lbl_fwd(
+def _fwd_impl(
     gate_logits: list[torch.Tensor], num_experts: int, top_k: int, mask: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward launches: (loss, per-expert backward coefficient). The body of both the eager
+    ``autograd.Function`` and the ``torch.library`` custom op."""
     num_layers = len(gate_logits)
     t, e = gate_logits[0].shape
     dev = gate_logits[0].device
@@ -321,16 +322,23 @@ def _lbl_fwd(
     return loss, coef
 
 
+@torch.library.custom_op("veomni_triton::load_balancing_loss_fwd", mutates_args=())
+def _lbl_fwd(
+    gate_logits: list[torch.Tensor], num_experts: int, top_k: int, mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _fwd_impl(gate_logits, num_experts, top_k, mask)
+
+
 @_lbl_fwd.register_fake
 def _(gate_logits, num_experts, top_k, mask):
     x = gate_logits[0]
     return x.new_empty((), dtype=torch.float32), x.new_empty((x.shape[1],), dtype=torch.float32)
 
 
-@torch.library.custom_op("veomni_triton::load_balancing_loss_bwd", mutates_args=())
-def _lbl_bwd(
+def _bwd_impl(
     grad: torch.Tensor, gate_logits: list[torch.Tensor], coef: torch.Tensor, mask: torch.Tensor | None
 ) -> torch.Tensor:
+    """The backward launch: ``[L, T, E]`` gradients of the logits."""
     num_layers = len(gate_logits)
     t, e = gate_logits[0].shape
     dev = gate_logits[0].device
@@ -349,6 +357,13 @@ def _lbl_bwd(
             num_layers, HAS_MASK=has_mask, VEC=vec, BLOCK_T=block_t, E_POW2=e_pow2, num_warps=4,
         )
     return dx
+
+
+@torch.library.custom_op("veomni_triton::load_balancing_loss_bwd", mutates_args=())
+def _lbl_bwd(
+    grad: torch.Tensor, gate_logits: list[torch.Tensor], coef: torch.Tensor, mask: torch.Tensor | None
+) -> torch.Tensor:
+    return _bwd_impl(grad, gate_logits, coef, mask)
 
 
 @_lbl_bwd.register_fake
@@ -376,6 +391,29 @@ def _backward(ctx, grad, _dcoef):
 
 
 _lbl_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _LoadBalancingFunction(torch.autograd.Function):
+    """The eager path: one lean autograd node around the launchers (no ``torch.library``
+    dispatch, whose pytree handling of a 48-tensor list is most of the host time per call)."""
+
+    @staticmethod
+    def forward(ctx, mask, num_experts, top_k, *gate_logits):
+        loss, coef = _fwd_impl(list(gate_logits), num_experts, top_k, mask)
+        ctx.num_layers = len(gate_logits)
+        ctx.has_mask = mask is not None
+        ctx.save_for_backward(*gate_logits, coef, *((mask,) if mask is not None else ()))
+        return loss
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        saved = ctx.saved_tensors
+        logits = list(saved[: ctx.num_layers])
+        coef = saved[ctx.num_layers]
+        mask = saved[ctx.num_layers + 1] if ctx.has_mask else None
+        dx = _bwd_impl(grad, logits, coef, mask)
+        return (None, None, None, *dx.unbind(0))
 
 
 def _launch_device(t: torch.Tensor):
@@ -438,5 +476,10 @@ def load_balancing_loss(
                 f"({tuple(attention_mask.shape)}) but the logits have T={t} rows; it must be [B, S] with B*S == T"
             )
         mask = attention_mask.reshape(-1).to(torch.float32)
+    if eager_path(*logits):
+        if torch.is_grad_enabled() and any(x.requires_grad for x in logits):
+            return _LoadBalancingFunction.apply(mask, num_experts, top_k, *logits)
+        return _fwd_impl(logits, num_experts, top_k, mask)[0]
+    # torch.compile (and tensor subclasses): the custom op, which Dynamo traces without a break
     loss, _coef = _lbl_fwd(logits, num_experts, top_k, mask)
     return loss
