@@ -44,16 +44,15 @@ class Preference:
     evidence: str = EVIDENCE
 
 
-#: (op, device type) -> the kernel and variant compile-mode ``auto`` takes, when usable (a
-#: tuple: the first usable one).
-COMPILE_PREFERENCES: Mapping[tuple[str, str], Preference | tuple[Preference, ...]] = {
-    ("rms_norm", "cuda"): Preference("eager", "standard", "compiled eager measured faster than triton (+6% step "
-                                     "with rotary and swiglu, H100)"),
-    ("rotary", "cuda"): Preference("eager", "full", "compiled eager measured faster than triton (H100)"),
-    ("swiglu", "cuda"): Preference("eager", "standard", "compiled eager measured faster than triton (H100)"),
-    ("moe_experts", "cuda"): Preference("grouped_mm", "standard", "grouped_mm (torch._grouped_mm) measured 5% faster "
-                                        "per step than triton under torch.compile (H100, bf16)"),
-    # Ordered: the first one usable here is taken (veomni-triton may not be installed).
+#: (op, device type) -> the kernels and variants compile-mode ``auto`` takes, best first: the
+#: first one usable here (a plugin may not be installed).
+COMPILE_PREFERENCES: Mapping[tuple[str, str], tuple[Preference, ...]] = {
+    ("rms_norm", "cuda"): (Preference("eager", "standard", "compiled eager measured faster than triton (+6% step "
+                                      "with rotary and swiglu, H100)"),),
+    ("rotary", "cuda"): (Preference("eager", "full", "compiled eager measured faster than triton (H100)"),),
+    ("swiglu", "cuda"): (Preference("eager", "standard", "compiled eager measured faster than triton (H100)"),),
+    ("moe_experts", "cuda"): (Preference("grouped_mm", "standard", "grouped_mm (torch._grouped_mm) measured 5% "
+                                         "faster per step than triton under torch.compile (H100, bf16)"),),
     ("cross_entropy", "cuda"): (
         Preference("triton", "fused_linear", "veomni-triton's fused linear loss measured faster than the compiled "
                    "logits loss, at less memory (H100, whole step vs transformers + compile: dense 1.06x at 0.62x "
@@ -69,9 +68,8 @@ def preferences(op: str, variants: tuple[str, ...], device_type: str) -> tuple[P
     first (resolution takes the first one usable here); empty where nothing was measured.
 
     The offset RMSNorm and partial rotary take the same choice as their standard/full variant."""
-    found = COMPILE_PREFERENCES.get((op, device_type), ())
     out = []
-    for p in found if isinstance(found, tuple) else (found,):
+    for p in COMPILE_PREFERENCES.get((op, device_type), ()):
         if p.variant in variants:
             out.append(p)
             continue
@@ -80,8 +78,3 @@ def preferences(op: str, variants: tuple[str, ...], device_type: str) -> tuple[P
             out.append(Preference(p.kernel, same_family, p.why, p.evidence))
     return tuple(out)
 
-
-def preference(op: str, variants: tuple[str, ...], device_type: str) -> Preference | None:
-    """The first of :func:`preferences`, or ``None``."""
-    found = preferences(op, variants, device_type)
-    return found[0] if found else None
