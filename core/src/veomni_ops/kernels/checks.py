@@ -383,6 +383,12 @@ def check_label_values(
                           ignore=ignore_index, backend=backend, consequence=consequence)
 
 
+def check_chunk_size(chunk_size: object, *, backend: str | None = None) -> None:
+    """A chunked ``cross_entropy`` kernel's ``chunk_size`` (tokens per chunk): a positive int."""
+    if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
+        raise ValueError(f"{where('cross_entropy', backend)}: chunk_size must be a positive int, got {chunk_size!r}")
+
+
 def check_linear_cross_entropy_inputs(
     hidden: torch.Tensor,
     weight: torch.Tensor,

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from .checks import (
+    check_chunk_size,
     check_float,
     check_label_values,
     check_labels,
@@ -224,8 +225,8 @@ def chunked_fused_linear_cross_entropy_sum(
     n = hidden.shape[0]
     if chunk_size is None:
         chunk_size = default_chunk_size(n, weight.shape[0])
-    elif not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
-        raise ValueError(f"{_OP}: chunk_size must be a positive int, got {chunk_size!r}")
+    else:
+        check_chunk_size(chunk_size)
     if n == 0:
         # No tokens: an empty sum, still connected to the graph so backward yields zeros.
         return (hidden.sum() * 0 + weight.sum() * 0).to(_compute_dtype(hidden.dtype))

@@ -41,6 +41,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from veomni_ops.kernels.checks import check_chunk_size
 from veomni_ops.kernels.cross_entropy import add_weight_grad_
 
 from ._common import CHECKS, check_tensors, eager_path, launch, next_pow2
@@ -276,8 +277,8 @@ def fused_linear_cross_entropy_sum(
     n, vocab = hidden.shape[0], weight.shape[0]
     if chunk_size is None:
         chunk_size = chunk_tokens(n, vocab, hidden.element_size())
-    elif not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
-        raise ValueError(f"{_OP} (triton): chunk_size must be a positive int, got {chunk_size!r}")
+    else:
+        check_chunk_size(chunk_size, backend="triton")
     _assert_labels_on_device(labels, vocab, ignore_index)
     if n == 0:
         # no tokens: an empty sum, still connected to the graph so backward gives zeros
