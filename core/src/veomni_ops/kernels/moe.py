@@ -11,10 +11,10 @@
   compile with ``fullgraph=True``.
 * :func:`moe_experts_grouped_mm` — the portable fast kernel (``grouped_mm``): routes are
   sorted by expert, gathered, and each projection is one ``torch._grouped_mm`` over all
-  experts (group offsets from a ``searchsorted``, int32); ``silu(gate) * up`` in between;
-  the ``K`` weighted route outputs of every token are combined by a batched ``[1, K] @
-  [K, H]`` product (float32 accumulation, one rounding, no atomics). No per-expert Python
-  loop and no device-to-host synchronisation.
+  experts (group offsets from a ``searchsorted``, int32); ``w * silu(gate) * up`` in between
+  (the route weight applied on the narrow side); the ``K`` route outputs of every token are
+  summed (float32 accumulation, one rounding, no atomics). No per-expert Python loop, no
+  device-to-host synchronisation, and no masking pass over ``[T*K, H]`` tensors.
 
 ``torch._grouped_mm`` facts (torch 2.13, checked in ``_meta_registrations.py`` and
 ``aten/src/ATen/native/cuda/GroupedBlas.cpp``): CUDA runs a CUTLASS kernel only for
@@ -280,31 +280,37 @@ def moe_experts_grouped_mm(
     dtype = hidden_states.dtype
     check_expert_index(top_k_index, num_experts)
 
+    tk = t * k
+    if num_experts == 0:
+        # no expert: every route is a sentinel; zeros that autograd connects to the hidden states
+        return torch.where(torch.zeros((), dtype=torch.bool, device=hidden_states.device), hidden_states, 0.0)
+
     flat_index = top_k_index.reshape(-1).long()
     in_range = routed(flat_index, num_experts)
-    # Out-of-range routes sort after every real expert, past the last group offset.
+    # Routes to no expert (the sentinels) sort after every real expert.
     key = torch.where(in_range, flat_index, torch.full_like(flat_index, num_experts))
     sorted_key, order = torch.sort(key, stable=True)
-    # offs[e] = end of expert e's rows = number of routes to experts <= e.
+    # offs[e] = end of expert e's rows = number of routes to experts <= e; the last group runs
+    # to the end, so it also takes the sentinel routes (see below) and every row of every
+    # grouped GEMM, forward and backward, is written: no uninitialised memory to mask.
     experts = torch.arange(num_experts, device=flat_index.device, dtype=sorted_key.dtype)
     offs = torch.searchsorted(sorted_key, experts, right=True, out_int32=True)
+    offs[-1] = tk
 
-    token = order // k
-    # Rows past the last offset (out-of-range routes) are never written by a grouped GEMM,
-    # forward or backward: their memory is uninitialised. Every tensor that crosses a GEMM is
-    # masked on those rows, so neither the output nor any gradient can pick up that garbage
-    # (torch.where's backward zeroes the masked rows whatever arrives there).
-    valid = (sorted_key < num_experts).unsqueeze(1)
-    zero = torch.zeros((), dtype=dtype, device=hidden_states.device)
-    x = torch.where(valid, hidden_states[token], zero)  # [T*K, H], grouped by expert
+    # A sentinel route gathers the zero row appended to the hidden states (index T): its
+    # gate/up rows are 0, silu(0) * 0 = 0, so it adds exactly zero to the output and to every
+    # gradient (its weight is zeroed too). Its cost is that of a real route: an expert-parallel
+    # dispatcher that hands over mostly sentinels should drop them first.
+    token = torch.where(sorted_key < num_experts, order // k, torch.full_like(order, t))
+    x = F.pad(hidden_states, (0, 0, 0, 1))[token]  # [T*K, H], grouped by expert
     gate_up = torch._grouped_mm(x, gate_up_proj.contiguous().transpose(1, 2), offs=offs)  # [T*K, 2I]
     gate, up = gate_up.chunk(2, dim=-1)
-    act = torch.where(valid, F.silu(gate) * up, zero)
-    y = torch._grouped_mm(act, down_proj.contiguous().transpose(1, 2), offs=offs)  # [T*K, H]
-    y = torch.where(valid, y, zero)
-    # Back to token-major route order (order is a permutation, so this is a plain scatter).
-    y = torch.empty_like(y).index_copy(0, order, y).view(t, k, h)
+    # The route weight is applied before the down projection ([T*K, I] elements, not [T*K, H]),
+    # so combining a token's K routes is a plain sum.
     weights = torch.where(in_range.view(t, k), top_k_weights, torch.zeros_like(top_k_weights)).to(dtype)
-    # out_t = sum_k w_tk * y_tk as a [1, K] @ [K, H] product per token: float32 accumulation
-    # inside the matmul, one rounding, deterministic (no atomics).
-    return torch.bmm(weights.unsqueeze(1), y).squeeze(1)
+    act = F.silu(gate) * up * weights.reshape(-1)[order].unsqueeze(1)
+    y = torch._grouped_mm(act, down_proj.contiguous().transpose(1, 2), offs=offs)  # [T*K, H]
+    # Back to token-major route order (order is a permutation, so this is a plain scatter),
+    # then out_t = sum_k y_tk: accumulated in float32, one rounding, deterministic (no atomics).
+    y = torch.empty_like(y).index_copy(0, order, y).view(t, k, h)
+    return y.sum(dim=1)
