@@ -135,12 +135,12 @@ def test_odd_sizes_small_tiles_strided_input():
             pass
 
 
-def test_tile_map_covers_every_row_once():
+@pytest.mark.parametrize("block_m", [16, 1])  # 1: 81 tile ids, more than one program of the map kernel
+def test_tile_map_covers_every_row_once(block_m):
     # the per-tile (expert, first row) table the GEMMs read, against a direct computation
     counts = torch.tensor([0, 5, 0, 0, 33, 1, 16, 0, 17])
     e = counts.numel()
     offs = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
-    block_m = 16
     tiles = M._Tiles(offs, int(counts.sum()), e)
     tile_expert, tile_start, n = tiles.get(block_m)
     expected = [(ex, int(offs[ex]) + j * block_m) for ex in range(e) for j in range(-(-int(counts[ex]) // block_m))]
@@ -148,6 +148,20 @@ def test_tile_map_covers_every_row_once():
     got = list(zip(tile_expert.tolist(), tile_start.tolist()))
     assert got[: len(expected)] == expected
     assert all(ex >= e for ex, _ in got[len(expected):]), "tile ids past the last tile must have no expert"
+
+
+@pytest.mark.parametrize("routing", ["random", "sentinel"])
+def test_pre_gathered_grad_out_is_bitwise_the_gathering_kernels(monkeypatch, routing):
+    # the backward either gathers grad_out's rows by token inside the two GEMMs that read them
+    # or copies them into sorted-route order first: same operands, same tiles, same sums
+    args = make_inputs(23, 64, 48, 6, 3, BF16, routing)
+    grad = torch.randn(23, 64, dtype=BF16)
+    monkeypatch.setattr(M, "_PRE_GATHER_GRAD", True)
+    pre = run(M.moe_experts, *args, grad)
+    monkeypatch.setattr(M, "_PRE_GATHER_GRAD", False)
+    gathered = run(M.moe_experts, *args, grad)
+    for name, a, b in zip(NAMES, pre, gathered):
+        assert torch.equal(a, b), name
 
 
 def test_partial_requires_grad_and_no_grad():

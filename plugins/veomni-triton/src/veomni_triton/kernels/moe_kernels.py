@@ -14,7 +14,7 @@ Vocabulary shared by every kernel here:
 
 M-grouped GEMMs (one row per sorted route) are launched with a grid sized from a bound that
 the host knows without reading device memory: ``cdiv(TK, BLOCK_M) + min(E, TK)`` M-tiles
-bounds ``sum_e cdiv(count_e, BLOCK_M)``. ``_tile_map_kernel`` (one tiny program) writes, for
+bounds ``sum_e cdiv(count_e, BLOCK_M)``. ``_tile_map_kernel`` (a few small programs) writes, for
 every tile id under that bound, its expert and first sorted row; a GEMM program reads its two
 entries and exits when its tile id has no work. Programs are ordered N-tile fastest, so the
 N-tiles of one M-tile run together (the gathered A rows come from HBM once) and the M-tiles
@@ -41,7 +41,8 @@ def _tile_map_kernel(
 ):
     """For every M-tile id < NUM_TILES: its expert (E when no tile has that id) and first sorted row.
 
-    One program. Expert e owns ``cdiv(count_e, BLOCK_M)`` consecutive tile ids; the owner of
+    One program per CHUNK tile ids (each recomputes the E-long prefix sum: cheap, and no
+    second pass). Expert e owns ``cdiv(count_e, BLOCK_M)`` consecutive tile ids; the owner of
     tile id ``i`` is the number of experts whose tiles all come before ``i``.
     """
     e = tl.arange(0, E_POW2)
@@ -51,14 +52,13 @@ def _tile_map_kernel(
     tiles = (end - start + BLOCK_M - 1) // BLOCK_M
     cum = tl.cumsum(tiles, 0)  # inclusive: tiles of experts 0..e
     first = cum - tiles
-    for c0 in range(0, NUM_TILES, CHUNK):
-        ids = c0 + tl.arange(0, CHUNK)
-        expert = tl.sum((cum[None, :] <= ids[:, None]).to(tl.int32), axis=1)
-        sel = e[None, :] == expert[:, None]
-        first_tile = tl.sum(tl.where(sel, first[None, :], 0), axis=1)
-        row_start = tl.sum(tl.where(sel, start[None, :], 0), axis=1) + (ids - first_tile) * BLOCK_M
-        tl.store(tile_expert_ptr + ids, expert, mask=ids < NUM_TILES)
-        tl.store(tile_start_ptr + ids, row_start, mask=ids < NUM_TILES)
+    ids = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
+    expert = tl.sum((cum[None, :] <= ids[:, None]).to(tl.int32), axis=1)
+    sel = e[None, :] == expert[:, None]
+    first_tile = tl.sum(tl.where(sel, first[None, :], 0), axis=1)
+    row_start = tl.sum(tl.where(sel, start[None, :], 0), axis=1) + (ids - first_tile) * BLOCK_M
+    tl.store(tile_expert_ptr + ids, expert, mask=ids < NUM_TILES)
+    tl.store(tile_start_ptr + ids, row_start, mask=ids < NUM_TILES)
 
 
 @triton.jit
@@ -210,13 +210,14 @@ def _dh_bwd_kernel(
     go_ptr, perm_ptr, rw_ptr, wd_ptr, offs_ptr, tile_expert_ptr, tile_start_ptr, gu_ptr, dgu_ptr, dwp_ptr,
     E, INTER, H,
     stride_gt, stride_gh, stride_we, stride_wh, stride_wi,
-    TOPK: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
+    TOPK: tl.constexpr, A_GATHER: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
     PREC: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """Backward through down_proj and the SiLU·up gate, one tile of [sorted rows, I columns].
 
-    ``dhu = grad_out[token(r)] @ down_proj[e]`` (A gathered by token), then in the epilogue:
+    ``dhu = grad_out[token(r)] @ down_proj[e]`` (``A_GATHER``: A gathered by token from
+    ``grad_out``; otherwise ``go_ptr`` holds those rows already in sorted order), then in the epilogue:
     ``d_w partial = sum_cols(silu(g)*u * dhu)`` (this program's share of ``<y_r, grad_out_t>``,
     written to ``dwp[r, pid_n]``), ``dh = w_r * dhu``, ``dg = dh*u*silu'(g)``, ``du = dh*silu(g)``
     stored as ``dgu[row] = [dg | du]``.
@@ -233,11 +234,15 @@ def _dh_bwd_kernel(
     rows = row_start + tl.arange(0, BLOCK_M)
     rmask = rows < row_end
     route = tl.load(perm_ptr + rows, mask=rmask, other=0)
-    tok = (route // TOPK).to(tl.int64)
+    if A_GATHER:
+        a_rows = (route // TOPK).to(tl.int64)
+    else:
+        # rows past the expert's end re-read the tile's first row: valid memory, never stored
+        a_rows = tl.where(rmask, rows, row_start).to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = offs_n < INTER
-    a_ptrs = go_ptr + tok[:, None] * stride_gt + offs_k[None, :] * stride_gh
+    a_ptrs = go_ptr + a_rows[:, None] * stride_gt + offs_k[None, :] * stride_gh
     b_ptrs = wd_ptr + expert.to(tl.int64) * stride_we + offs_k[:, None] * stride_wh + offs_n[None, :] * stride_wi
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, H, BLOCK_K):
