@@ -77,6 +77,17 @@ _LIGER_AS_USERS_CALL_IT = textwrap.dedent("""
         assert not torch.equal(gq, gq_before), variant  # the caller's gradient was overwritten
         if r < d:
             assert torch.equal(oq[..., r:], q0[..., r:])
+        try:  # veomni-liger's adapter: the same kernel, the same numbers, on copies (inputs untouched)
+            from veomni_liger.kernels import rotary as adapter
+        except ImportError:
+            adapter = None
+        if adapter is not None:
+            fa = adapter.apply_rotary_full if variant == "full" else adapter.apply_rotary_partial
+            q3, k3 = q0.detach().clone(memory_format=torch.preserve_format), \
+                k0.detach().clone(memory_format=torch.preserve_format)
+            aq, ak = fa(q3, k3, cos, sin)
+            assert torch.equal(aq, oq.detach()) and torch.equal(ak, ok.detach()), variant
+            assert torch.equal(q3, q0) and torch.equal(k3, k0) and aq.data_ptr() != q3.data_ptr(), variant
         print("ok", variant)
 """)
 
@@ -85,7 +96,8 @@ _LIGER_AS_USERS_CALL_IT = textwrap.dedent("""
 def test_liger_peer_runs_the_model_layout_in_place_and_matches_eager():
     """The peer is liger_rotary_pos_emb itself: on q/k as a Qwen3 attention lays them out it matches the
     eager reference forward and backward, and rotates the model's buffers (q, then the gradient) in
-    place -- the copies veomni-liger's adapter makes and this row does not."""
+    place -- the copies veomni-liger's adapter makes and this row does not. Where veomni-liger is installed,
+    its adapter gives the same numbers bitwise and leaves q/k untouched."""
     env = dict(os.environ)
     if not torch.cuda.is_available():
         env["TRITON_INTERPRET"] = "1"
