@@ -8,7 +8,7 @@
 
 What is measured, per preset workload, kernel and pass (``fwd``: forward on inputs that do
 not require grad; ``fwd+bwd``: forward, then the gradients of every differentiable input
-for a fixed random cotangent):
+for a fixed random cotangent laid out as the output, as the next layer's backward hands it over):
 
 * wall time per call: median of many calls after warm-up. On CUDA as
   ``triton.testing.do_bench`` does it — each call between its own CUDA events, the L2
@@ -22,6 +22,9 @@ for a fixed random cotangent):
   device-to-device copy (bytes read + written) and a dense matmul (bf16 8192³ on CUDA,
   fp32 on the CPU).
 * peak memory (CUDA): ``torch.cuda.max_memory_allocated`` over one call, inputs included.
+* peers (:mod:`~veomni_ops.bench.peers`): other projects' kernels as their users call them,
+  each with a note of what its numbers include (Liger's RoPE rotates in place; veomni-liger's
+  ``liger`` row pays for the copies that keep the op functional).
 
 The package, one concern a module:
 
@@ -46,11 +49,13 @@ from .plot import plot
 from .render import (
     TABLE_HEAD,
     default_json_path,
+    peer_lines,
     rate_cells,
     render_markdown,
     render_text,
     row_ceilings,
     table_rows,
+    vs_eager_cell,
     write_results,
 )
 from .timing import GIB, Timer, kernel_ms, measure_ceilings, peak_gib
@@ -69,6 +74,6 @@ __all__ = [
     "CPU_DEFAULT", "ENV_PREFIXES", "FORMULAS", "GIB", "GPU_DEFAULT", "PASSES", "PRESETS", "TABLE_HEAD",
     "VENDOR_DISTRIBUTIONS", "Timer", "Workload", "add_speedups", "build_inputs", "configure", "default_json_path",
     "device_info", "device_slug", "environment", "kernel_ms", "measure_ceilings", "merge_results", "peak_gib",
-    "plot", "rate_cells", "render_markdown", "render_text", "row_ceilings", "run", "run_bench", "table_rows",
-    "versions", "workloads", "write_results",
+    "peer_lines", "plot", "rate_cells", "render_markdown", "render_text", "row_ceilings", "run", "run_bench",
+    "table_rows", "versions", "vs_eager_cell", "workloads", "write_results",
 ]

@@ -27,6 +27,7 @@ class Candidate:
     fn: Any  #: the callable, or None when it cannot run here
     why: str = ""  #: why not, when ``fn`` is None
     peer: bool = False
+    about: str = ""  #: a peer's: how it is called, and what its row's numbers include
 
 
 def _kernels_for(registry: Any, w: Workload, dev_info: Any, backend: str | None) -> list[Candidate]:
@@ -61,12 +62,24 @@ def _peer(p: Any, dev_info: Any) -> Candidate:
     version = p.version() or "?"
     if dev_info.type not in p.device_types:
         return Candidate(p.name, p.distribution, version, True, None,
-                         f"peer, runs on {'/'.join(p.device_types)} only", peer=True)
+                         f"peer, runs on {'/'.join(p.device_types)} only", peer=True, about=p.about)
     try:
-        return Candidate(p.name, p.distribution, version, True, p.load(), peer=True)
+        return Candidate(p.name, p.distribution, version, True, p.load(), peer=True, about=p.about)
     except Exception as e:  # installed but broken: a skipped row that says why
         return Candidate(p.name, p.distribution, version, True, None, f"peer failed to import: "
-                         f"{type(e).__name__}: {e}", peer=True)
+                         f"{type(e).__name__}: {e}", peer=True, about=p.about)
+
+
+def _peer_notes(plan: Sequence[tuple[Workload, list[Candidate]]]) -> list[dict[str, str]]:
+    """One entry per peer of the run (op, variant, name): how it is called, what its numbers include."""
+    out: dict[tuple[str, str, str], dict[str, str]] = {}
+    for w, cands in plan:
+        for c in cands:
+            if c.peer:
+                out.setdefault((w.op, w.variant, c.name), {"op": w.op, "variant": w.variant, "kernel": c.name,
+                                                           "distribution": c.distribution, "version": c.version,
+                                                           "about": c.about})
+    return list(out.values())
 
 
 def _closures(fn, inputs, diff, harness, device):
@@ -101,7 +114,11 @@ def _closures(fn, inputs, diff, harness, device):
                 if o.numel() == 1:
                     cots.append(torch.ones_like(o))
                 else:
-                    cots.append(torch.randn(o.shape, generator=g, device=device, dtype=torch.float32).to(o.dtype))
+                    # laid out as the output (empty_like keeps its strides), as the next layer's backward
+                    # hands it over: a kernel whose output is a [B, S, H, D] buffer viewed as [B, H, S, D]
+                    # gets its gradient that way too, as in the model
+                    r = torch.randn(o.shape, generator=g, device=device, dtype=torch.float32)
+                    cots.append(torch.empty_like(o).copy_(r))
         return torch.autograd.grad(outs, leaves, cots, allow_unused=True)
 
     grad_bytes = sum(t.numel() * t.element_size() for t in leaves)
@@ -148,6 +165,7 @@ def run_bench(
     ceilings = measure_ceilings(device, timer)
     env = environment()
     plan = [(w, _kernels_for(reg, w, dev_info, backend)) for w in wls]
+    peers = _peer_notes(plan)
     total = sum(len([k for k in ks if k.fn is not None]) * len(passes) for _, ks in plan)
     bar = _Progress(total, enabled=progress)
     rows: list[dict[str, Any]] = []
@@ -176,6 +194,7 @@ def run_bench(
             "environment": env,
             "rows": done,
             "skipped": list(skipped),
+            "peers": peers,
         }
 
     for w, kernels in plan:
@@ -192,13 +211,14 @@ def run_bench(
         for c in kernels:
             if c.fn is None:
                 skipped.append({"op": w.op, "variant": w.variant, "kernel": c.name, "preset": w.preset,
-                                "distribution": c.distribution, "reason": c.why})
+                                "distribution": c.distribution, "reason": c.why, "peer": c.peer})
                 continue
             closures = _closures(c.fn, inputs, diff, h, device)
             for p in passes:
                 if p == "fwd+bwd" and not c.supports_backward:
                     skipped.append({"op": w.op, "variant": w.variant, "kernel": c.name, "preset": w.preset,
-                                    "distribution": c.distribution, "reason": "fwd+bwd: no backward"})
+                                    "distribution": c.distribution, "reason": "fwd+bwd: no backward",
+                                    "peer": c.peer})
                     bar.step(f"{w.preset} {w.op}/{w.variant} {c.name} {p} (no backward)")
                     continue
                 bar.step(f"{w.preset} {w.op}/{w.variant} {c.name} {p}")
@@ -281,19 +301,21 @@ def round_to(x: float | None, digits: int) -> float | None:
 
 
 def add_speedups(rows: list[dict[str, Any]]) -> None:
-    """``vs_eager``: eager's time / this kernel's time (kernel time where both have it)."""
+    """``vs_eager``: eager's time / this kernel's time (kernel time where both have it, else wall);
+    ``vs_eager_on`` says which (``"kernel_ms"`` or ``"wall_ms"``)."""
     base = {}
     for r in rows:
         if r["kernel"] == "eager":
             base[(r["preset"], r["op"], r["variant"], r["pass"])] = r
     for r in rows:
         b = base.get((r["preset"], r["op"], r["variant"], r["pass"]))
-        r["vs_eager"] = None
+        r["vs_eager"] = r["vs_eager_on"] = None
         if b is None:
             continue
         key = "kernel_ms" if r["kernel_ms"] and b["kernel_ms"] else "wall_ms"
         if r[key] and b[key]:
             r["vs_eager"] = round(b[key] / r[key], 3)
+            r["vs_eager_on"] = key
 
 
 class _Progress:

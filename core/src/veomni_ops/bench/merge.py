@@ -6,9 +6,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from .loop import add_speedups
-from .render import shape_text
+from .render import kernel_cell, shape_text
 
-_ROW_KEY = ("preset", "op", "variant", "kernel", "pass", "dtype")
+#: a peer may share a registered kernel's name (``liger`` and ``liger (peer)``): ``peer`` tells them apart
+_ROW_KEY = ("preset", "op", "variant", "kernel", "peer", "pass", "dtype")
 
 
 def merge_results(docs: Sequence[dict[str, Any]], names: Sequence[str] | None = None) -> dict[str, Any]:
@@ -42,17 +43,21 @@ def merge_results(docs: Sequence[dict[str, Any]], names: Sequence[str] | None = 
     seen: dict[tuple, str] = {}
     for i, (run_name, d) in enumerate(zip(names, docs)):
         for r in d.get("rows", []):
-            row_key = tuple(str(r.get(k)) for k in _ROW_KEY) + (shape_text(r.get("shape", {})),)
+            row_key = tuple(str(bool(r.get(k)) if k == "peer" else r.get(k)) for k in _ROW_KEY) \
+                + (shape_text(r.get("shape", {})),)
             if row_key in seen:
                 raise ValueError(f"cannot merge: {run_name} and {seen[row_key]} both measured "
-                                 f"{r['preset']} {r['op']}/{r['variant']} {r['kernel']} {r['pass']}; "
+                                 f"{r['preset']} {r['op']}/{r['variant']} {kernel_cell(r)} {r['pass']}; "
                                  "split the runs by --preset or --op so each row is measured once")
             seen[row_key] = run_name
             rows.append({**r, "part": i})
     add_speedups(rows)
     presets: dict[str, str] = {}
+    peers: dict[tuple[str, str, str], dict[str, Any]] = {}
     for d in docs:
         presets.update(d.get("presets", {}))
+        for p in d.get("peers", []):
+            peers.setdefault((p["op"], p["variant"], p["kernel"]), p)
     return {
         **{k: first.get(k) for k in ("device", "device_name", "capability", "date", "started", "timing",
                                      "formulas", "versions", "environment", "ceilings")},
@@ -63,4 +68,5 @@ def merge_results(docs: Sequence[dict[str, Any]], names: Sequence[str] | None = 
                    "ceilings": d.get("ceilings", {})} for d in docs],
         "rows": rows,
         "skipped": [s for d in docs for s in d.get("skipped", [])],
+        "peers": list(peers.values()),
     }

@@ -5,6 +5,11 @@ it is a row in ``veomni-ops bench`` where its distribution is installed, so a ta
 our kernels with what a user would otherwise pick, in the same run, on the same inputs. Each
 peer is adapted to the op's kernel contract (``hookspecs``) and nothing more: its own defaults
 stay, and where it cannot take an input (a bias, say) the row is an error that says so.
+
+A peer is called the way its own users call it, even where that differs from how our adapter of
+the same project calls it (Liger's RoPE rotates the model's q/k in place; veomni-liger copies
+them first): its ``about`` text says which number the row shows, and the result carries it
+(``peers`` in the JSON, a "Peers" list under the table).
 """
 
 from __future__ import annotations
@@ -58,11 +63,45 @@ def _liger_direct() -> Callable[..., Any]:
     return call
 
 
+def _liger_rotary_full() -> Callable[..., Any]:
+    from liger_kernel.transformers.rope import liger_rotary_pos_emb
+
+    # transformers calls apply_rotary_pos_emb(q, k, cos, sin): the op's own signature
+    return liger_rotary_pos_emb
+
+
+def _liger_rotary_partial() -> Callable[..., Any]:
+    import inspect
+
+    from liger_kernel.ops.rope import rope_forward
+    from liger_kernel.transformers.rope import liger_rotary_pos_emb
+
+    if "rotary_dim" not in inspect.signature(rope_forward).parameters:
+        # before 0.8.5 Liger read cos/sin as if they were head-dim wide: a wrong result, timed
+        raise ImportError("this liger-kernel rotates the whole head only (partial rotary needs >= 0.8.5)")
+    return liger_rotary_pos_emb
+
+
+_LIGER_ROTARY = (
+    "liger_rotary_pos_emb(q, k, cos, sin) as transformers calls it once {patch} has replaced "
+    "apply_rotary_pos_emb: q/k are the attention's [B, S, H, D] projections viewed as [B, H, S, D], which "
+    "Liger rotates in place (no copy), and its backward rotates the incoming gradient in place. The `liger` "
+    "row (veomni-liger, the registered kernel) runs the same Triton kernel on private copies of q and k "
+    "(forward) and of dq and dk (backward), so that the op leaves its inputs untouched: its wall and kernel ms "
+    "include those copies, this row's do not (kernel ms: the device time of every kernel and copy a call "
+    "launches). This row rotates the bench's inputs in place, call after call, as the model rotates each "
+    "layer's fresh projection."
+)
+
 PEERS: tuple[Peer, ...] = (
     Peer("cut-cross-entropy", "cut-cross-entropy", "cross_entropy", "fused_linear", _cut_cross_entropy,
          "Apple's Cut Cross-Entropy, linear_cross_entropy(reduction='sum') with its default gradient filter"),
     Peer("liger-kernel (direct)", "liger-kernel", "cross_entropy", "fused_linear", _liger_direct,
          "LigerFusedLinearCrossEntropyLoss(reduction='sum') with Liger's own chunking, not veomni-liger's"),
+    Peer("liger", "liger-kernel", "rotary", "full", _liger_rotary_full,
+         _LIGER_ROTARY.format(patch="apply_liger_kernel_to_qwen3")),
+    Peer("liger", "liger-kernel", "rotary", "partial", _liger_rotary_partial,
+         _LIGER_ROTARY.format(patch="apply_liger_kernel_to_qwen3_next(rope=True)")),
 )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .render import kernel_cell
 from .workloads import PASSES
 
 
@@ -28,7 +29,7 @@ def plot(result: dict[str, Any], path: str) -> None:
     fig, axes = plt.subplots(1, len(passes), figsize=(7 * len(passes), 1.2 + 0.28 * n), squeeze=False)
     for ax, p in zip(axes[0], passes):
         rows = [r for r in result["rows"] if r["pass"] == p and r.get("vs_eager")]
-        labels = [f"{r['preset']} {r['op']}/{r['variant']} {r['kernel']}" for r in rows]
+        labels = [f"{r['preset']} {r['op']}/{r['variant']} {kernel_cell(r)}" for r in rows]
         vals = [r["vs_eager"] for r in rows]
         colors = ["#999999" if r["kernel"] == "eager" else "#3a7bd5" for r in rows]
         ax.barh(range(len(rows)), vals, color=colors)

@@ -45,16 +45,35 @@ def kernel_cell(r: dict[str, Any]) -> str:
     return f"{r['kernel']} (peer)" if r.get("peer") else r["kernel"]
 
 
+def vs_eager_cell(result: dict[str, Any], r: dict[str, Any]) -> str:
+    """The speed-up over eager; ``(wall)`` where it compares wall times in a run that has kernel times
+    (one of the two rows has none), so a reader knows which number it is."""
+    vs = r.get("vs_eager")
+    if not vs:
+        return "-"
+    wall = r.get("vs_eager_on") == "wall_ms" and (result.get("timing") or {}).get("kernel")
+    return f"{vs:.2f}x" + (" (wall)" if wall else "")
+
+
+VS_EAGER = ("vs eager: eager's time over the row's, kernel time where both rows have it (CUDA), wall time "
+            "otherwise (marked \"(wall)\" in a run with kernel times).")
+
+
+def peer_lines(result: dict[str, Any]) -> list[str]:
+    """One line per peer of the run: how it is called and what its numbers include."""
+    return [f"{p['kernel']} (peer) {p['op']}/{p['variant']} ({p['distribution']} {p['version']}): {p['about']}"
+            for p in result.get("peers", [])]
+
+
 def table_rows(result: dict[str, Any]) -> list[tuple[str, ...]]:
     out: list[tuple[str, ...]] = []
     for r in result["rows"]:
         rate, frac = rate_cells(r, row_ceilings(result, r))
         if r.get("error") and r.get("wall_ms") is None:
             rate, frac = f"error: {r['error']}"[:60], "-"
-        vs = r.get("vs_eager")
         out.append((r["preset"], r["op"], r["variant"], r["pass"], kernel_cell(r), r["dtype"],
                     _fmt(r["wall_ms"]), _fmt(r["kernel_ms"]), rate, frac, _fmt(r["peak_gib"], ".2f"),
-                    _fmt(r.get("extra_gib"), ".3f"), f"{vs:.2f}x" if vs else "-"))
+                    _fmt(r.get("extra_gib"), ".3f"), vs_eager_cell(result, r)))
     return out
 
 
@@ -70,7 +89,9 @@ def render_text(result: dict[str, Any]) -> str:
         if i == 0:
             lines.append("  ".join("-" * wd for wd in widths))
     for s in result.get("skipped", []):
-        lines.append(f"skipped {s['preset']} {s['op']}/{s['variant']} {s['kernel']}: {s['reason']}")
+        lines.append(f"skipped {s['preset']} {s['op']}/{s['variant']} {kernel_cell(s)}: {s['reason']}")
+    lines.append(VS_EAGER)
+    lines += peer_lines(result)
     return "\n".join(lines)
 
 
@@ -89,7 +110,9 @@ def render_markdown(result: dict[str, Any]) -> str:
         "",
         "Peak GiB: the largest allocation during one call, inputs included; extra GiB: beyond the inputs "
         "and the gradients the call returns. A (peer) row is another project's kernel as its users call it "
-        "(not a registered kernel).",
+        "(not a registered kernel); the Peers list below says how each is called and what its numbers include.",
+        "",
+        VS_EAGER,
         "",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in result.get("versions", {}).items()),
         "",
@@ -119,16 +142,19 @@ def render_markdown(result: dict[str, Any]) -> str:
             rate, frac = rate_cells(r, row_ceilings(result, r))
             if r.get("error") and r.get("wall_ms") is None:
                 rate, frac = f"error: {r['error']}", "-"
-            vs = r.get("vs_eager")
             cells = (r["op"], r["variant"], f"{shape_text(r['shape'])} {r['dtype']}", r["pass"],
                      f"{kernel_cell(r)} ({r['distribution']} {r['version']})", _fmt(r["wall_ms"]),
                      _fmt(r["kernel_ms"]), rate, frac, _fmt(r["peak_gib"], ".2f"), _fmt(r.get("extra_gib"), ".3f"),
-                     f"{vs:.2f}x" if vs else "-")
+                     vs_eager_cell(result, r))
             lines.append("| " + " | ".join(str(x).replace("|", "/") for x in cells) + " |")
+        lines.append("")
+    if result.get("peers"):
+        lines += ["## Peers", ""]
+        lines += [f"- {x}" for x in peer_lines(result)]
         lines.append("")
     if result.get("skipped"):
         lines += ["## Not run here", ""]
-        lines += [f"- {s['preset']} {s['op']}/{s['variant']} `{s['kernel']}` ({s['distribution']}): {s['reason']}"
+        lines += [f"- {s['preset']} {s['op']}/{s['variant']} `{kernel_cell(s)}` ({s['distribution']}): {s['reason']}"
                   for s in result["skipped"]]
         lines.append("")
     lines += ["## Formulas (minimal bytes or FLOPs per call; s = bytes per element)", ""]
