@@ -36,8 +36,6 @@ res = {
 }
 QUICK = os.environ.get("QUICK") == "1"
 TAG = os.environ.get("TAG", "")
-if os.environ.get("PRE_GATHER") == "0":  # the backward's grad_out gathered inside the GEMMs instead
-    M._PRE_GATHER_GRAD = False
 SECTIONS = os.environ.get("SECTIONS", "whole,current,cutlass_grouped_mm,sweep,core_vs_plain").split(",")
 
 

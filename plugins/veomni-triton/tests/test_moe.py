@@ -150,20 +150,6 @@ def test_tile_map_covers_every_row_once(block_m):
     assert all(ex >= e for ex, _ in got[len(expected):]), "tile ids past the last tile must have no expert"
 
 
-@pytest.mark.parametrize("routing", ["random", "sentinel"])
-def test_pre_gathered_grad_out_is_bitwise_the_gathering_kernels(monkeypatch, routing):
-    # the backward either gathers grad_out's rows by token inside the two GEMMs that read them
-    # or copies them into sorted-route order first: same operands, same tiles, same sums
-    args = make_inputs(23, 64, 48, 6, 3, BF16, routing)
-    grad = torch.randn(23, 64, dtype=BF16)
-    monkeypatch.setattr(M, "_PRE_GATHER_GRAD", True)
-    pre = run(M.moe_experts, *args, grad)
-    monkeypatch.setattr(M, "_PRE_GATHER_GRAD", False)
-    gathered = run(M.moe_experts, *args, grad)
-    for name, a, b in zip(NAMES, pre, gathered):
-        assert torch.equal(a, b), name
-
-
 def test_partial_requires_grad_and_no_grad():
     t, h, inter, e, k = 16, 32, 16, 4, 2
     x, idx, w, gate_up, down = make_inputs(t, h, inter, e, k, F32)

@@ -82,7 +82,7 @@ class GemmConfig:
 #: per-kernel sweep on an H100 at Qwen3-30B-A3B's expert shapes, T=8192, top-8
 #: (benchmarks/results/h100-2026-11-25-moe: 8-warp 128x(2*128) gate_up tiles, 4 stages for the
 #: wide down/dx tiles, 32-row reduction steps and 5 stages for the weight gradients;
-#: fwd+bwd 5.95 -> 5.2 ms); sm80: offline compiles (no register spills, software pipelining on),
+#: fwd+bwd 5.95 -> 5.25 ms); sm80: offline compiles (no register spills, software pipelining on),
 #: not measured yet.
 #: ``gate_up`` holds two accumulators (g and u), i.e. a 128x(2*block_n) output tile;
 #: ``wgrad``'s block_k is the number of token rows reduced per step.
@@ -116,10 +116,6 @@ _WGRAD_KINDS = ("wgrad_down", "wgrad_gate_up")
 KINDS = (*_TABLE, *_WGRAD_KINDS)
 
 _OVERRIDE: dict[str, GemmConfig] = {}
-
-#: Backward: gather grad_out's rows into sorted-route order once ([T*K, H], one copy) when both
-#: the d down_proj and the dh GEMMs read them, instead of each GEMM gathering rows by token.
-_PRE_GATHER_GRAD = True
 
 
 @contextlib.contextmanager
@@ -298,13 +294,9 @@ def _gate_up(
 
 def _dh(
     go: torch.Tensor, perm: torch.Tensor, weights: torch.Tensor, down_proj: torch.Tensor, tiles: _Tiles,
-    gu: torch.Tensor, dgu: torch.Tensor, dwp: torch.Tensor, topk: int, cfg: GemmConfig, go_sorted: bool = False,
+    gu: torch.Tensor, dgu: torch.Tensor, dwp: torch.Tensor, topk: int, cfg: GemmConfig,
 ) -> None:
-    """dgu[row] = d[g | u] and dwp[route, n-tile] partials of d top_k_weights (see ``_dh_bwd_kernel``).
-
-    ``go`` is grad_out ([T, H], gathered by token in the kernel) or, with ``go_sorted``, its rows
-    already gathered in sorted-route order ([T*K, H]).
-    """
+    """dgu[row] = d[g | u] and dwp[route, n-tile] partials of d top_k_weights (see ``_dh_bwd_kernel``)."""
     num_experts, h, inter = down_proj.shape
     num_n = triton.cdiv(inter, cfg.block_n)
     tile_expert, tile_start, m_tiles = tiles.get(cfg.block_m)
@@ -312,7 +304,7 @@ def _dh(
         go, perm, weights, down_proj, tiles.offs, tile_expert, tile_start, gu, dgu, dwp,
         num_experts, inter, h,
         go.stride(0), go.stride(1), down_proj.stride(0), down_proj.stride(1), down_proj.stride(2),
-        TOPK=topk, A_GATHER=not go_sorted, EVEN_K=h % cfg.block_k == 0, EVEN_N=inter % cfg.block_n == 0,
+        TOPK=topk, EVEN_K=h % cfg.block_k == 0, EVEN_N=inter % cfg.block_n == 0,
         PREC=_dot_precision(go.dtype), UPCAST=interpreter_active(),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -430,25 +422,18 @@ def _moe_bwd(
         return dx, dw, dgu_w, dd_w
     rpe = tk / num_experts
     go = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()
-    need_dh = need_hidden or need_weights or need_gate_up
     with _launch_device(hidden):
         tiles = _Tiles(offs, tk, num_experts)
-        if _PRE_GATHER_GRAD and need_down and need_dh:
-            # grad_out's rows in sorted-route order, read by two GEMMs below as a plain (not
-            # gathered) operand; routes no expert owns gather token 0 and are never read
-            go_rows, go_sorted = go.index_select(0, perm // k), True
-        else:
-            go_rows, go_sorted = go, False
         if need_down:
             # d down_proj[e][h, i] = sum_r grad_out[token(r), h] * hw[r, i]
-            _wgrad(go_rows, not go_sorted, hw, False, perm, offs, dd_w, k, _config("wgrad_down", dev, dt, rpe))
-        if need_dh:
+            _wgrad(go, True, hw, False, perm, offs, dd_w, k, _config("wgrad_down", dev, dt, rpe))
+        if need_hidden or need_weights or need_gate_up:
             cfg = _config("dh", dev, dt, rpe)
             num_n = triton.cdiv(inter, cfg.block_n)
             dgu = torch.empty((tk, two_i), device=dev, dtype=dt)
             # one fp32 partial of <y_r, grad_out_t> per (route, N-tile); routes no expert owns stay 0
             dwp = torch.zeros((tk, num_n), device=dev, dtype=torch.float32)
-            _dh(go_rows, perm, top_k_weights, down_proj, tiles, gu, dgu, dwp, k, cfg, go_sorted)
+            _dh(go, perm, top_k_weights, down_proj, tiles, gu, dgu, dwp, k, cfg)
             if need_weights:
                 dw = dwp.sum(dim=1).view(t, k).to(top_k_weights.dtype)
             if need_gate_up:

@@ -210,14 +210,13 @@ def _dh_bwd_kernel(
     go_ptr, perm_ptr, rw_ptr, wd_ptr, offs_ptr, tile_expert_ptr, tile_start_ptr, gu_ptr, dgu_ptr, dwp_ptr,
     E, INTER, H,
     stride_gt, stride_gh, stride_we, stride_wh, stride_wi,
-    TOPK: tl.constexpr, A_GATHER: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
+    TOPK: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
     PREC: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """Backward through down_proj and the SiLU·up gate, one tile of [sorted rows, I columns].
 
-    ``dhu = grad_out[token(r)] @ down_proj[e]`` (``A_GATHER``: A gathered by token from
-    ``grad_out``; otherwise ``go_ptr`` holds those rows already in sorted order), then in the epilogue:
+    ``dhu = grad_out[token(r)] @ down_proj[e]`` (A gathered by token), then in the epilogue:
     ``d_w partial = sum_cols(silu(g)*u * dhu)`` (this program's share of ``<y_r, grad_out_t>``,
     written to ``dwp[r, pid_n]``), ``dh = w_r * dhu``, ``dg = dh*u*silu'(g)``, ``du = dh*silu(g)``
     stored as ``dgu[row] = [dg | du]``.
@@ -234,15 +233,11 @@ def _dh_bwd_kernel(
     rows = row_start + tl.arange(0, BLOCK_M)
     rmask = rows < row_end
     route = tl.load(perm_ptr + rows, mask=rmask, other=0)
-    if A_GATHER:
-        a_rows = (route // TOPK).to(tl.int64)
-    else:
-        # rows past the expert's end re-read the tile's first row: valid memory, never stored
-        a_rows = tl.where(rmask, rows, row_start).to(tl.int64)
+    tok = (route // TOPK).to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = offs_n < INTER
-    a_ptrs = go_ptr + a_rows[:, None] * stride_gt + offs_k[None, :] * stride_gh
+    a_ptrs = go_ptr + tok[:, None] * stride_gt + offs_k[None, :] * stride_gh
     b_ptrs = wd_ptr + expert.to(tl.int64) * stride_we + offs_k[:, None] * stride_wh + offs_n[None, :] * stride_wi
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, H, BLOCK_K):
