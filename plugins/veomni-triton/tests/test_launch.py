@@ -134,3 +134,16 @@ def test_interpreter_and_cpu_launches_never_use_the_fast_path():
     _common.launch(-1, k, (1,), torch.zeros(4), 4, 1e-6, N=4)
     _common.launch(-1, k, (1,), torch.zeros(4), 4, 1e-6, N=4)
     assert paths(k) == ["triton", "triton"]
+
+
+def test_a_launcher_that_refuses_the_arguments_sends_the_key_back_to_triton(kernel, monkeypatch):
+    def refuse(self, *args):
+        raise TypeError("function takes exactly 12 arguments")
+
+    monkeypatch.setattr(_Compiled, "run", refuse)
+    x = torch.zeros(64)
+    _common._fast_launch(0, kernel, (1,), (x, 64, 1e-6), {"N": 8})
+    with pytest.warns(RuntimeWarning, match="fast launch path does not fit"):
+        _common._fast_launch(0, kernel, (1,), (x, 64, 1e-6), {"N": 8})
+    _common._fast_launch(0, kernel, (1,), (x, 64, 1e-6), {"N": 8})
+    assert paths(kernel) == ["triton", "triton", "triton"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 from typing import Literal
 
 import torch
@@ -253,9 +254,19 @@ def _fast_launch(index: int, kernel, grid: tuple, args: tuple, meta: dict) -> No
     if entry and _hooks_idle():
         run, function, packed, tail = entry
         n = len(grid)
-        run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, _current_stream(index), function, packed,
-            None, None, None, *args, *tail)
-        return
+        try:
+            run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, _current_stream(index), function, packed,
+                None, None, None, *args, *tail)
+            return
+        except (TypeError, SystemError) as e:
+            # the launcher refused the arguments (parsed before anything is launched): a Triton
+            # whose launcher takes other arguments. This key goes back to Triton's path.
+            _LAUNCH_CACHE[key] = None
+            warnings.warn(
+                f"veomni-triton: the fast launch path does not fit this Triton ({triton.__version__}): {e}; "
+                f"{getattr(kernel, '__name__', kernel)} launches through triton's JITFunction.run",
+                RuntimeWarning, stacklevel=3,
+            )
     compiled = kernel[grid](*args, **meta)
     if entry is False:
         if len(_LAUNCH_CACHE) >= _LAUNCH_CACHE_MAX:
