@@ -147,3 +147,26 @@ def test_a_launcher_that_refuses_the_arguments_sends_the_key_back_to_triton(kern
         _common._fast_launch(0, kernel, (1,), (x, 64, 1e-6), {"N": 8})
     _common._fast_launch(0, kernel, (1,), (x, 64, 1e-6), {"N": 8})
     assert paths(kernel) == ["triton", "triton", "triton"]
+
+
+def test_the_key_refines_tritons_own_specialisation():
+    # two arguments with one fast-path key must specialise alike in Triton (the NVIDIA backend
+    # uses the base backend's rules), or one cached kernel would serve two of Triton's
+    jit = pytest.importorskip("triton.runtime.jit")
+    native = getattr(jit, "native_specialize_impl", None)
+    if native is None:
+        pytest.skip("this Triton specialises in Python")
+    from triton.backends.compiler import BaseBackend
+
+    buf = torch.zeros(64)
+    samples = [buf, buf[1:], buf[4:], buf[2:], torch.zeros(8, dtype=torch.bfloat16), torch.zeros(3, dtype=torch.int64),
+               torch.nn.Parameter(torch.zeros(8)), 0, 1, 2, 15, 16, 17, 32, -16, -1, 2**31 - 16, 2**31, 2**31 + 16,
+               -(2**31), -(2**31) - 16, 2**40, 2**63 - 16, 2**63, 2**64 - 16, True, False, 0.0, 1.0, 1e-6, None]
+    for a in samples:
+        for b in samples:
+            if type(a) is type(b) and _common._arg_key(a) == _common._arg_key(b):
+                spec_a = native(BaseBackend, a, False, True, True)
+                spec_b = native(BaseBackend, b, False, True, True)
+                assert spec_a == spec_b, (a, b)
+    with pytest.raises(_common._NoFastPath):
+        _common._arg_key((1, 2))
