@@ -55,8 +55,9 @@ def test_second_launch_of_a_specialisation_skips_triton(kernel):
     _common._fast_launch(0, kernel, (5, 2), (x, 128, 1e-5), {"N": 8, "num_warps": 4})
     assert paths(kernel) == ["triton", "fast"]
     # the arguments JITFunction.run gives the launcher: grid, stream, handle, metadata, no hooks,
-    # then every kernel argument in signature order, constexprs included
-    assert kernel.log[1][1] == (5, 2, 1, 77, "cufunction", "packed", None, None, None, x, 128, 1e-5, 8)
+    # then every kernel argument in signature order, constexprs included; a tensor as its address
+    # (the launcher takes an int as the device pointer itself)
+    assert kernel.log[1][1] == (5, 2, 1, 77, "cufunction", "packed", None, None, None, x.data_ptr(), 128, 1e-5, 8)
 
 
 @pytest.mark.parametrize(

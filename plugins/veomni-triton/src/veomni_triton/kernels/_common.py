@@ -171,7 +171,9 @@ def launch(index: int, kernel, grid: tuple, *args, **meta) -> None:
 # float by type; constexprs and launch options (``num_warps``...) by value. Anything else
 # (tensor subclasses, tuples, unhashable constexprs), an active launch hook (Proton, or any
 # hook in ``triton.knobs.runtime``), a pre-run hook on the kernel or an unexpected Triton
-# version takes Triton's own path. ``VEOMNI_TRITON_FAST_LAUNCH=0`` turns the fast path off.
+# version takes Triton's own path. Triton options read from its knobs at launch time (``debug``,
+# instrumentation) are not part of the key: whoever flips those while running sets
+# ``VEOMNI_TRITON_FAST_LAUNCH=0``, which turns the fast path off.
 _FAST_LAUNCH = (
     not _INTERPRET_AT_IMPORT
     and os.environ.get("VEOMNI_TRITON_FAST_LAUNCH", "1").strip().lower() not in ("0", "false", "no", "off")
@@ -199,8 +201,23 @@ def _arg_key(a: object) -> object:
     raise _NoFastPath
 
 
-def _launch_key(kernel, index: int, args: tuple, meta: dict) -> tuple:
-    return (kernel, index, *[_arg_key(a) for a in args], *meta.items())
+def _launch_key(kernel, index: int, args: tuple, meta: dict) -> tuple[tuple, list]:
+    """(the cache key, the arguments as the launcher takes them). Tensors go to the launcher as
+    their addresses: it uses an int as the device pointer as it is, where for an object it calls
+    ``data_ptr()`` and asks the driver about the pointer (``cuPointerGetAttribute``) on every
+    launch; the wrappers checked the device already."""
+    key: list = [kernel, index]
+    call: list = []
+    for a in args:
+        if type(a) in _TENSOR_TYPES:
+            p = a.data_ptr()
+            key.append((a.dtype, p % 16 == 0))
+            call.append(p)
+        else:
+            key.append(_arg_key(a))
+            call.append(a)
+    key += meta.items()
+    return tuple(key), call
 
 
 def _hooks_idle() -> bool:
@@ -246,7 +263,7 @@ def _fast_entry(kernel, compiled, args: tuple, meta: dict) -> tuple | None:
 
 def _fast_launch(index: int, kernel, grid: tuple, args: tuple, meta: dict) -> None:
     try:
-        key = _launch_key(kernel, index, args, meta)
+        key, call = _launch_key(kernel, index, args, meta)
         entry = _LAUNCH_CACHE.get(key, False)
     except (_NoFastPath, TypeError):  # (TypeError: an unhashable constexpr)
         kernel[grid](*args, **meta)
@@ -256,7 +273,7 @@ def _fast_launch(index: int, kernel, grid: tuple, args: tuple, meta: dict) -> No
         n = len(grid)
         try:
             run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, _current_stream(index), function, packed,
-                None, None, None, *args, *tail)
+                None, None, None, *call, *tail)
             return
         except (TypeError, SystemError) as e:
             # the launcher refused the arguments (parsed before anything is launched): a Triton
