@@ -16,6 +16,13 @@ takes the lowest expert index.
 Launches: forward = 2 (plus a small pinned host-to-device copy of the pointer table and, with
 a mask, one cast of the mask), backward = 1.
 
+Host side (the eager path, where a call of 48 layers used to cost more than its kernels): one
+pass over the layers reads what the checks and the pointer table need (dtype, shape, device,
+strides, address; the detailed per-layer checks run only when that pass finds something off);
+the plan it makes (the pointer table) is kept on the autograd node for backward, which only
+checks that the saved layers are still where forward read them; launches go through
+``_common.launch`` (its fast path skips Triton's per-launch dispatch).
+
 * ``_lbl_partial_kernel``: the L logits tensors are read in place through a table of their
   element offsets from ``gate_logits[0]`` and row strides (no ``torch.stack`` copy of
   ``L*T*E`` values); when every layer is 16-byte aligned the kernel knows it (``VEC``) and
