@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import os
 import warnings
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import triton
@@ -178,7 +178,8 @@ _FAST_LAUNCH = (
     not _INTERPRET_AT_IMPORT
     and os.environ.get("VEOMNI_TRITON_FAST_LAUNCH", "1").strip().lower() not in ("0", "false", "no", "off")
 )
-_LAUNCH_CACHE: dict[tuple, tuple | None] = {}
+#: key -> (launcher, function, packed metadata, constexpr tail), or None: Triton's path for that key
+_LAUNCH_CACHE: dict[tuple, Any] = {}
 _LAUNCH_CACHE_MAX = 4096
 _I32 = range(-(2**31), 2**31)
 _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
@@ -188,7 +189,7 @@ class _NoFastPath(Exception):
     pass
 
 
-def _arg_key(a: object) -> object:
+def _arg_key(a: Any) -> object:
     t = type(a)
     if t in _TENSOR_TYPES:
         return a.dtype, a.data_ptr() % 16 == 0
@@ -264,7 +265,7 @@ def _fast_entry(kernel, compiled, args: tuple, meta: dict) -> tuple | None:
 def _fast_launch(index: int, kernel, grid: tuple, args: tuple, meta: dict) -> None:
     try:
         key, call = _launch_key(kernel, index, args, meta)
-        entry = _LAUNCH_CACHE.get(key, False)
+        entry: Any = _LAUNCH_CACHE.get(key, False)
     except (_NoFastPath, TypeError):  # (TypeError: an unhashable constexpr)
         kernel[grid](*args, **meta)
         return
