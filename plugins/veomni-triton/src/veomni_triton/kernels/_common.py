@@ -160,8 +160,8 @@ def launch(index: int, kernel, grid: tuple, *args, **meta) -> None:
 # ---------------------------------------------------------------- fast launch path
 # Triton's ``JITFunction.run`` binds and specialises every argument, builds a cache key, checks
 # globals, builds launch metadata and calls the (empty) launch hooks on every launch: 5-10 us
-# of Python on the 2-core CPU machine (Triton 3.6 and 3.9, `.devrun/host/cpu_launch.py`),
-# against 3-6 us here; and its launcher then calls ``data_ptr()`` and ``cuPointerGetAttribute``
+# of Python on a 2-core CPU machine (Triton 3.6 and 3.9 driven through a stand-in driver, the
+# launcher stubbed), against 3-6 us here; and its launcher then calls ``data_ptr()`` and ``cuPointerGetAttribute``
 # for every tensor argument, which an address passed as an int skips. For kernels of a few
 # microseconds the host is most of the wall time. The fast path
 # keeps, per (kernel, device, argument specialisation, constexprs and options), the compiled
