@@ -451,7 +451,7 @@ class _LoadBalancingFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, mask, top_k, plan, aligned, *gate_logits):
         # ``aligned``: the layers as the kernels read them (``gate_logits`` unless some had to be
-        # copied); a list, so not an autograd input of its own
+        # copied); a sequence, so not an autograd input of its own
         loss, coef = _forward(aligned[0], plan, top_k, mask)
         ctx.plan = plan
         ctx.has_mask = mask is not None
