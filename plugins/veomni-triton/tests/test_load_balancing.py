@@ -195,3 +195,60 @@ def test_float32_gradient_meets_the_float32_tolerance_where_routing_is_balanced(
     tol = tolerance(OP, F32)
     worst = compare("grad", ours[1][0], ref[1][0], tol).ratio
     assert worst <= 0.5, f"float32 gradient error {worst:.3g} (kit units, pass <= 1)"
+
+
+def test_every_call_is_checked_again_after_a_good_one():
+    # the one-pass check of the layers keeps nothing from an earlier call: the same tensors
+    # with one layer swapped for a bad one are refused with the layer named
+    x = [torch.randn(6, 4), torch.randn(6, 4)]
+    LB.load_balancing_loss(x, 4, 2)
+    with pytest.raises(ValueError, match="gate_logits\\[1\\] is \\(5, 4\\)"):
+        LB.load_balancing_loss([x[0], torch.randn(5, 4)], 4, 2)
+    with pytest.raises(ValueError, match="gate_logits\\[1\\] is \\(6, 4\\) torch.bfloat16"):
+        LB.load_balancing_loss([x[0], x[1].bfloat16()], 4, 2)
+    with pytest.raises(TypeError, match="gate_logits\\[1\\]"):
+        LB.load_balancing_loss([x[0], x[1].tolist()], 4, 2)
+    with pytest.raises(ValueError, match="torch.float64 but gate_logits\\[0\\]"):
+        LB.load_balancing_loss([x[0], x[1].double()], 4, 2)
+    with pytest.raises(TypeError, match="float64"):
+        LB.load_balancing_loss([x[0].double(), x[1].double()], 4, 2)
+    with pytest.raises(ValueError, match="\\[T, E\\]"):
+        LB.load_balancing_loss([x[0].reshape(24), x[1].reshape(24)], 4, 2)
+    with pytest.raises(ValueError, match="different devices"):
+        LB.load_balancing_loss([x[0], x[1].to("meta")], 4, 2)
+    with pytest.raises(ValueError, match="different devices"):
+        LB.load_balancing_loss(x, 4, 2, torch.ones(2, 3, device="meta"))
+    with pytest.raises(ValueError, match="num_experts=5"):
+        LB.load_balancing_loss(x, 5, 2)
+    LB.load_balancing_loss(x, 4, 2)
+
+
+def test_layers_the_kernels_cannot_read_in_place_are_copied_with_gradients():
+    # experts not unit-stride (a transposed [E, T] buffer), in some layers or all: the general
+    # path copies them, forward and backward, and gives the in-place path's result
+    e, k = 8, 2
+    base = [torch.randn(40, e) for _ in range(3)]
+    transposed = [x.t().contiguous().t() for x in base]
+    assert transposed[0].stride() == (1, 40)
+    want = run(LB.load_balancing_loss, base, e, k, None)
+    for layers in (transposed, [base[0], transposed[1], base[2]]):
+        got = run(LB.load_balancing_loss, layers, e, k, None)
+        assert torch.equal(got[0], want[0]) and all(torch.equal(a, b) for a, b in zip(got[1], want[1]))
+
+
+def test_backward_rebuilds_the_table_when_saved_layers_come_back_elsewhere():
+    # forward's pointer table serves backward only while the saved layers are where forward read
+    # them; a saved-tensor hook that hands back copies (offloading does) moves them
+    e, k = 8, 2
+    logits = [torch.randn(30, e) for _ in range(3)]
+    want = run(LB.load_balancing_loss, logits, e, k, None)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t.clone(), lambda t: t.clone()):
+        got = run(LB.load_balancing_loss, logits, e, k, None)
+    assert torch.equal(got[0], want[0]) and all(torch.equal(a, b) for a, b in zip(got[1], want[1]))
+    # and an in-place change of a saved layer is still caught by autograd's version check
+    leaves = [x.clone().requires_grad_() for x in logits]
+    layers = [x * 1 for x in leaves]
+    loss = LB.load_balancing_loss(layers, e, k)
+    layers[1].add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()

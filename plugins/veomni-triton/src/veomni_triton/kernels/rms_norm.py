@@ -18,7 +18,8 @@ Design (memory bound: the goal is one read of x and one write of y):
   contiguous strip of rows, write ``dx`` and keep a private fp32 partial sum of ``dw``; the
   next row is loaded before the current one is reduced, so two rows per program are in
   flight. (2) a small kernel sums the ``G`` partials column by column in a fixed order. The
-  result is deterministic run to run.
+  result is deterministic run to run. A batch small enough for one program (``G = 1``) takes
+  one launch: that program stores ``dw`` itself.
 * Batch-invariant mode (kernel name ``triton_batch_invariant``): the launch configuration
   (``ROWS``, ``num_warps``) is a function of H alone, never of the number of rows, so the
   reduction tree, hence the bits, of a row do not depend on how many rows come with it.
@@ -141,7 +142,8 @@ def _rms_norm_bwd_kernel(
         c = tl.sum(g * xhat, axis=1) / N
         dx = (g - xhat * c[:, None]) * rstd[:, None]
         tl.store(DX + cur_rows64[:, None] * N + cols[None, :], dx.to(DX.dtype.element_ty), mask=cur_mask)
-    tl.store(DWP + pid * N + cols, tl.sum(acc, axis=0), mask=cmask)
+    # a float32 partial row per program; with one program, dw itself (cast to its dtype on store)
+    tl.store(DWP + pid * N + cols, tl.sum(acc, axis=0).to(DWP.dtype.element_ty), mask=cmask)
 
 
 @triton.jit
@@ -276,17 +278,20 @@ def _launch_bwd(
     block_n, rows, warps, programs, blocks_per_prog, (block_g, block_c, warps_c) = _bwd_launch_config(
         m, n, sm_count(index)
     )
-    partial = x.new_empty((programs, n), dtype=torch.float32)
     dw = weight.new_empty((n,))
+    # one program (small batches): its partial sum is dw itself, stored in the weight's dtype
+    # (the same float32 sum and one rounding as the column sum of one row): one launch, no buffer
+    partial = dw if programs == 1 else x.new_empty((programs, n), dtype=torch.float32)
     launch(
         index, _rms_norm_bwd_kernel, (programs,),
         dy, x, weight, rstd, dx, partial, m, stride_dy, stride_x, blocks_per_prog,
         N=n, OFFSET=offset, ROWS=rows, BLOCK_N=block_n, num_warps=warps,
     )
-    launch(
-        index, _column_sum_kernel, (cdiv(n, block_c),),
-        partial, dw, programs, N=n, BLOCK_G=block_g, BLOCK_C=block_c, num_warps=warps_c,
-    )
+    if programs > 1:
+        launch(
+            index, _column_sum_kernel, (cdiv(n, block_c),),
+            partial, dw, programs, N=n, BLOCK_G=block_g, BLOCK_C=block_c, num_warps=warps_c,
+        )
     return dx, dw
 
 
