@@ -34,8 +34,12 @@ CONTRACT_SIGNATURES = {
     ("cross_entropy", "fused_linear"): [
         ("hidden", P, None), ("weight", P, None), ("labels", P, None), ("bias", K, None), ("ignore_index", K, -100),
     ],
+    ("moe_experts", "standard"): [
+        ("hidden_states", P, None), ("top_k_index", P, None), ("top_k_weights", P, None), ("gate_up_proj", P, None),
+        ("down_proj", P, None),
+    ],
 }
-NEEDS = {"rms_norm": ["standard", "offset"], "cross_entropy": ["logits", "fused_linear"]}
+NEEDS = {"rms_norm": ["standard", "offset"], "cross_entropy": ["logits", "fused_linear"], "moe_experts": ["standard"]}
 
 
 def quack_registry():
@@ -47,8 +51,8 @@ def test_registers_exactly_the_expected_kernels():
     reg = quack_registry()
     assert not reg.failures, [f.describe() for f in reg.failures]
     assert {(s.op, s.variant): s.factory for s in all_specs()} == EXPECTED
-    # No elementwise SwiGLU, no contract-shaped RoPE, MoE not written, nothing for the rest.
-    for op in ("swiglu", "rotary", "moe_experts", "load_balancing_loss", "attention"):
+    # No elementwise SwiGLU, no contract-shaped RoPE, nothing for the rest.
+    for op in ("swiglu", "rotary", "load_balancing_loss", "attention"):
         assert not hasattr(specs, op)
     registered = {(k.spec.op, k.spec.variant) for k in reg if k.spec.name == "quack"}
     assert registered == set(EXPECTED)
@@ -65,6 +69,9 @@ def test_spec_metadata(spec: KernelSpec):
     if spec.variant == "fused_linear":
         assert spec.dtypes == ("bfloat16", "float16")
         assert "NOT YET RUN" in spec.description
+    elif spec.op == "moe_experts":
+        assert spec.dtypes == ("bfloat16", "float16")
+        assert spec.parallel == ("ep",)
     else:
         assert spec.dtypes == ("float32", "bfloat16", "float16")
     for d in spec.dtypes:
@@ -134,7 +141,7 @@ def test_sm80_is_refused_with_the_capability():
 
 @pytest.mark.parametrize("device", ["cuda:9.0", "cuda:10.0"])
 def test_hopper_and_blackwell_accept_without_loading(device):
-    plan = resolve(OpsConfig(rms_norm_implementation="quack", cross_entropy_loss_implementation="quack"),
+    plan = resolve(OpsConfig(rms_norm_implementation="quack", cross_entropy_loss_implementation="quack", moe_implementation="quack"),
                    device=device, registry=quack_registry(), needs=NEEDS, load=False)
     got = {(e.op, e.variant): e.kernel for e in plan.entries}
     assert got == {key: "quack" for key in EXPECTED}
@@ -156,7 +163,7 @@ def test_fused_linear_in_float32_is_not_offered():
 
 
 def test_loading_on_hopper_imports_the_adapters():
-    plan = resolve(OpsConfig(rms_norm_implementation="quack", cross_entropy_loss_implementation="quack"),
+    plan = resolve(OpsConfig(rms_norm_implementation="quack", cross_entropy_loss_implementation="quack", moe_implementation="quack"),
                    device="cuda:9.0", registry=quack_registry(), needs=NEEDS, load=True)
     for e in plan.entries:
         assert callable(e.fn) and e.fn.__module__.startswith("veomni_quack.kernels.")

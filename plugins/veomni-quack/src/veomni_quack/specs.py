@@ -24,11 +24,16 @@ What is registered, and why each field has the value it has:
   nvidia-cutlass-dsl 4.8.1 (H100 run of 2026-11-21, ContextVar semantic-key TypeError), so
   resolution refuses it with the import error chained. It stays registered on purpose
   (README "fused_linear").
+* ``moe_experts``: ``quack.gemm_interface``'s varlen-M grouped GEMMs with gathered rows
+  (``gemm_gated`` with the SwiGLU epilogue, ``gemm``, ``gemm_dgated`` with the route-weight
+  scale and reduction) and varlen-K grouped GEMMs for the expert weight gradients
+  (kernels/moe.py). bfloat16 and float16 (fp32 is not declared), H and I multiples of 8;
+  honours both expert sentinels, so it is declared expert-parallel. Not yet run on a GPU
+  when registered (2026-11-25): ``.devrun/quack/moe_gpu.py`` checks it.
 * Not registered: ``swiglu`` (Quack has SwiGLU only as a GEMM epilogue, no elementwise
   ``silu(gate) * up`` kernel), ``rotary`` (Quack's rotary is a GEMM epilogue / interleaved
-  layout, not the contract), ``moe_experts`` (Quack's varlen GEMM with a row gather could
-  carry it, but the full forward and backward were not written: README), ``load_balancing_loss``
-  and ``attention`` (no such kernels in quack-kernels).
+  layout, not the contract), ``load_balancing_loss`` and ``attention`` (no such kernels in
+  quack-kernels).
 """
 
 from __future__ import annotations
@@ -91,4 +96,22 @@ def cross_entropy() -> list[KernelSpec]:
             dtypes=("bfloat16", "float16"),
             tolerances=MATMUL,
         ),
+    ]
+
+
+@hookimpl
+def moe_experts() -> list[KernelSpec]:
+    # Grouped GEMMs in the input dtype, fp32 accumulation; bf16 intermediates (preact, act, y)
+    # as every grouped-GEMM MoE kernel here: the matmul tolerances.
+    return [
+        _QUACK.spec(
+            "moe_experts", "standard", "moe:moe_experts",
+            "Quack varlen grouped GEMMs over expert-sorted routes (quack.gemm_interface): token rows gathered in "
+            "the GEMM (A_idx), fused SwiGLU epilogue, deterministic combine; backward: gemm_dgated (route-weight "
+            "gradient in its epilogue) and varlen-K weight-gradient GEMMs. No host sync. H, I multiples of 8. "
+            "NOT YET RUN on a GPU when registered (2026-11-25)",
+            dtypes=("bfloat16", "float16"),
+            tolerances=MATMUL,
+            parallel=("ep",),
+        )
     ]
