@@ -13,6 +13,8 @@ GPU by ``.devrun/quack/moe_gpu.py`` (numerics against float64 and veomni-triton)
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import quack.gemm_interface as stand_in
 import torch
@@ -151,6 +153,13 @@ def test_weight_gradient_written_in_place_variant(float64, monkeypatch):
     check_float64(make(k=2))
 
 
+@pytest.mark.parametrize(("flag", "value"), [("GATE_UP_CONCAT", False), ("WGRAD_GATHER", False)])
+def test_fallback_variants(float64, monkeypatch, flag, value):
+    # The switches the GPU script can flip if a Quack feature misbehaves there: the same numbers.
+    monkeypatch.setattr(moe, flag, value)
+    check_float64(make(idx=torch.tensor([[0, -1], [E, 1], [2, 2], [4, 3]] * 3), t=12))
+
+
 def test_gradient_subsets(float64):
     inputs = make(k=2)
     x, idx, w, gu, dn = inputs
@@ -170,6 +179,7 @@ def test_quack_calls():
     inputs = make(k=2, dtype=torch.bfloat16)
     run(inputs)
     names = [c[0] for c in stand_in.CALLS]
+    assert all(c[1]["tuned"] is False for c in stand_in.CALLS)  # Quack's default config, no autotuning pass
     assert names == ["gemm_act", "gemm", "gemm_dact", "gemm", "gemm", "gemm"]
     fwd_gated = stand_in.CALLS[0][1]
     assert fwd_gated["activation"] == "swiglu" and fwd_gated["concat_layout"] == ("B",)
@@ -280,3 +290,65 @@ def test_resolution_accepts_hopper_in_bf16_and_refuses_float32():
     with pytest.raises(ResolutionError, match="does not support dtype float32"):
         resolve(OpsConfig(moe_implementation="quack"), device="cuda:9.0", registry=_registry(),
                 needs={"moe_experts": ["standard"]}, dtype="float32", load=False)
+
+
+# --------------------------------------------------------------------------- custom ops, compile
+def test_custom_ops_pass_opcheck():
+    # No sentinel here: the forward op's preact rows of sentinel routes are never written (NaN in the
+    # stand-in, uninitialised memory on a GPU; nothing reads them), which opcheck's
+    # eager-vs-traced comparison of every output would flag.
+    inputs = make(dtype=torch.bfloat16, idx=torch.tensor([[0, 4], [3, 1], [2, 2]] * 3))
+    inputs[0] = inputs[0][: 9].clone()
+    inputs[2] = inputs[2][: 9].clone()
+    leaves = [t.requires_grad_(t.is_floating_point()) for t in inputs]
+    torch.library.opcheck(torch.ops.veomni_quack.moe_experts_fwd.default, tuple(leaves))
+    out = moe._fwd(*leaves)
+    gout = torch.randn(out[0].shape, dtype=torch.bfloat16)
+    saved = (inputs[0], out[1], out[2], inputs[3], inputs[4], *out[3:])
+    for needs in ([True, True, True, True], [False, True, False, True]):
+        torch.library.opcheck(torch.ops.veomni_quack.moe_experts_bwd.default,
+                              (gout, *(t.detach() for t in saved), needs))
+
+
+def test_compiles_with_fullgraph():
+    # aot_eager: the graph dynamo and AOTAutograd build (inductor would need a C++ compiler here).
+    inputs = make(dtype=torch.bfloat16, idx=torch.tensor([[0, -1], [E, 1], [2, 2], [4, 3]] * 3), t=12)
+    eager_out, eager_grads, gout = run(inputs)
+    torch._dynamo.reset()
+    compiled = torch.compile(moe.moe_experts, fullgraph=True, backend="aot_eager")
+    leaves = [t.detach().clone().requires_grad_(t.is_floating_point()) for t in inputs]
+    out = compiled(*leaves)
+    out.backward(gout.to(out.dtype))
+    assert torch.equal(out, eager_out)
+    for name, i, g in zip(NAMES, (0, 2, 3, 4), eager_grads):
+        assert torch.equal(leaves[i].grad, g), name
+
+
+# --------------------------------------------------------------------------- Quack's fingerprinting
+def test_fingerprint_installed_dsl_treats_the_dsl_as_installed(monkeypatch):
+    import types
+
+    from veomni_quack.kernels._common import fingerprint_installed_dsl
+
+    identity = types.ModuleType("quack.gemm_runtime.identity")
+    identity._is_extern_function = lambda fn: False  # a DSL outside site-packages, as Quack 0.6.5 sees it
+    monkeypatch.setitem(sys.modules, "quack.gemm_runtime", types.ModuleType("quack.gemm_runtime"))
+    monkeypatch.setitem(sys.modules, "quack.gemm_runtime.identity", identity)
+
+    def dsl_fn():
+        pass
+
+    def quack_fn():
+        pass
+
+    dsl_fn.__module__, quack_fn.__module__ = "cutlass._mlir_helpers.op", "quack.activation"
+    assert fingerprint_installed_dsl() and fingerprint_installed_dsl()  # idempotent
+    assert identity._is_extern_function(dsl_fn) is True
+    assert identity._is_extern_function(quack_fn) is False  # Quack's own code is still fingerprinted
+    assert identity._is_extern_function(len) is False  # no __code__: Quack's own rule decides
+
+
+def test_fingerprint_installed_dsl_without_quack_internals():
+    from veomni_quack.kernels._common import fingerprint_installed_dsl
+
+    assert fingerprint_installed_dsl() is False  # the stand-in has no quack.gemm_runtime

@@ -13,9 +13,10 @@ What is registered, and why each field has the value it has:
 * ``hardware``: CUDA sm 9.0+. Quack's README lists H100, B200/B300 and RTX 50 (sm 9.0,
   10.x, 12.0); its sources carry sm 8.x paths for some kernels, but Ampere is not listed and
   has not been run.
-* ``supports_compile``: False. Every adapter checks the label range or layout on the host
-  (the cross-entropies synchronise); Quack's row kernels register as torch custom ops, but
-  tracing through the adapters has not been run.
+* ``supports_compile``: False, except ``moe_experts`` (custom ops with fakes). Every other
+  adapter checks the label range or layout on the host (the cross-entropies synchronise);
+  Quack's row kernels register as torch custom ops, but tracing through the adapters has not
+  been run.
 * ``rms_norm``: both variants (``quack.rmsnorm.rmsnorm``, ``weight_offset`` 0.0 / 1.0).
   ``offset`` is exactly the contract; ``standard`` rounds once instead of twice (kernels/rms_norm.py).
 * ``cross_entropy``: ``logits`` (``quack.cross_entropy.cross_entropy``, float32 per-row
@@ -29,7 +30,8 @@ What is registered, and why each field has the value it has:
   scale and reduction) and varlen-K grouped GEMMs for the expert weight gradients
   (kernels/moe.py). bfloat16 and float16 (fp32 is not declared), H and I multiples of 8;
   honours both expert sentinels, so it is declared expert-parallel. Not yet run on a GPU
-  when registered (2026-11-25): ``.devrun/quack/moe_gpu.py`` checks it.
+  when registered (2026-11-25): ``.devrun/quack/moe_gpu.py`` checks it. Forward and backward
+  are torch.library custom ops with fakes, so it compiles with ``fullgraph=True``.
 * Not registered: ``swiglu`` (Quack has SwiGLU only as a GEMM epilogue, no elementwise
   ``silu(gate) * up`` kernel), ``rotary`` (Quack's rotary is a GEMM epilogue / interleaved
   layout, not the contract), ``load_balancing_loss`` and ``attention`` (no such kernels in
@@ -113,5 +115,8 @@ def moe_experts() -> list[KernelSpec]:
             dtypes=("bfloat16", "float16"),
             tolerances=MATMUL,
             parallel=("ep",),
+            # Forward and backward are torch.library custom ops with fakes (fullgraph traced on the CPU
+            # against the stand-in; the GPU script's "compile" section runs it with inductor).
+            supports_compile=True,
         )
     ]

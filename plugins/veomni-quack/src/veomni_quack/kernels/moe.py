@@ -27,6 +27,9 @@ Forward (2 GEMMs):
    that buffer (a sentinel route reads the zero row), one ``bmm``: float32 accumulation, one
    rounding, deterministic, no atomics.
 
+Every GEMM runs with ``tuned=False`` (:data:`TUNED`): Quack's default tile configuration, no
+autotuning pass at the first call of each shape.
+
 Backward (4 GEMMs):
 
 1. ``gemm_dgated(grad_out, down_proj, preact, activation="swiglu", colvec_scale=w, colvec_reduce=True,
@@ -62,13 +65,30 @@ import functools
 import torch
 from veomni_ops.kernels.moe import routed
 
-from ._common import CHECKS, import_quack, layout_div, to_layout
+from ._common import CHECKS, fingerprint_installed_dsl, import_quack, layout_div, to_layout
 
 _gi = import_quack("quack.gemm_interface")
+# gemm_gated / gemm_dgated build their epilogues through quack.epilogue.library (imported at their
+# first call), whose fingerprinting fails for a DSL installed outside site-packages (see there).
+fingerprint_installed_dsl()
 
 _OP = "moe_experts"
 _FIX = "set moe_implementation: triton (or grouped_mm / eager)"
 _DTYPES = (torch.bfloat16, torch.float16)
+
+#: Let Quack autotune each GEMM at its first call per shape (``tuned=True``, Quack's default) or
+#: take its default tile configuration (False: no benchmarking pass at the first step; the GPU
+#: script measures both).
+TUNED = False
+
+#: Read ``gate_up_proj`` as Quack's interleaved (gate, up) pairs through ``concat_layout=("B",)``
+#: (no copy). False: an interleaved copy of the weight at every forward (the fallback if Quack's
+#: concat layout misbehaves on a GPU).
+GATE_UP_CONCAT = True
+
+#: Gather the token rows inside the weight-gradient (varlen-K) GEMMs through ``A_idx``. False:
+#: gather them into a sorted copy first (the fallback if the varlen-K gather misbehaves).
+WGRAD_GATHER = True
 
 #: Write ``d gate_up_proj`` straight into its ``[E, 2I, H]`` storage (Quack's output given as
 #: an m-major ``[E, H, 2I]`` view with ``concat_layout=("out",)``) instead of computing it
@@ -121,32 +141,43 @@ def _check_capability(device: torch.device) -> None:
 
 
 class _Routes:
-    """The routes of one call sorted by expert (see the module docstring)."""
+    """The routes of one call sorted by expert (see the module docstring).
 
-    def __init__(self, top_k_index: torch.Tensor, num_experts: int) -> None:
+    ``cu``, ``tok``, ``order`` and ``src`` are the state (what the forward op returns for the
+    backward); ``valid`` and ``in_range`` follow from them.
+    """
+
+    def __init__(self, cu: torch.Tensor, tok: torch.Tensor, order: torch.Tensor, src: torch.Tensor) -> None:
+        #: int32 [E + 1]: expert e's rows are cu[e]:cu[e + 1] of the sorted order.
+        self.cu = cu
+        #: int32 [T*K]: the token of each sorted route (Quack's A_idx).
+        self.tok = tok
+        #: int64 [T*K]: sorted position -> token-major route index.
+        self.order = order
+        #: int64 [T*K], token-major: the row to read a route's output from (T*K: the zero row, a sentinel).
+        self.src = src
+        self.tk = tok.shape[0]
+        #: Boolean [T*K], sorted: the route reaches an expert (rows < cu[E]).
+        self.valid = torch.arange(self.tk, device=cu.device) < cu[-1]
+        #: Boolean [T*K], token-major: the routes that reach an expert.
+        self.in_range = src < self.tk
+
+    @classmethod
+    def sort(cls, top_k_index: torch.Tensor, num_experts: int) -> _Routes:
+        """Stable sort of the routes by expert; sentinel routes (-1, E) last, past ``cu[E]``."""
         flat = top_k_index.reshape(-1)
         tk = flat.numel()
         k = top_k_index.shape[1]
         device = flat.device
-        #: Boolean [T*K], token-major: the routes that reach an expert.
-        self.in_range = routed(flat, num_experts)
-        key = torch.where(self.in_range, flat.long(), num_experts)
+        in_range = routed(flat, num_experts)
+        key = torch.where(in_range, flat.long(), num_experts)
         sorted_key, order = torch.sort(key, stable=True)
-        #: Sorted position -> token-major route index.
-        self.order = order
         experts = torch.arange(num_experts, device=device, dtype=sorted_key.dtype)
         ends = torch.searchsorted(sorted_key, experts, right=True, out_int32=True)
-        #: int32 [E + 1]: expert e's rows are cu[e]:cu[e + 1] of the sorted order.
-        self.cu = torch.cat([torch.zeros(1, dtype=torch.int32, device=device), ends])
-        #: int32 [T*K]: the token of each sorted route (Quack's A_idx).
-        self.tok = torch.div(order, k, rounding_mode="floor").to(torch.int32)
-        #: Boolean [T*K], sorted: the route reaches an expert (rows < cu[E]).
-        self.valid = sorted_key < num_experts
-        # Token-major route -> its sorted row, or tk (an extra zero row) for a sentinel route.
+        cu = torch.cat([torch.zeros(1, dtype=torch.int32, device=device), ends])
+        tok = torch.div(order, k, rounding_mode="floor").to(torch.int32)
         pos = torch.empty_like(order).index_copy_(0, order, torch.arange(tk, device=device, dtype=order.dtype))
-        #: int64 [T*K], token-major: the row to read a route's output from.
-        self.src = torch.where(self.in_range, pos, tk)
-        self.tk = tk
+        return cls(cu, tok, order, torch.where(in_range, pos, tk))
 
 
 def _zero_row_buffer(rows: int, cols: int, like: torch.Tensor) -> torch.Tensor:
@@ -167,67 +198,190 @@ def _deinterleave(pairs: torch.Tensor) -> torch.Tensor:
     return pairs.view(m, two_i // 2, 2).transpose(1, 2).reshape(m, two_i)
 
 
-def _wgrad_gate_up(x: torch.Tensor, dpreact: torch.Tensor, routes: _Routes, gate_up_proj: torch.Tensor) -> torch.Tensor:
+# One function per Quack GEMM of the kernel (the GPU script times each alone).
+def gate_up_gemm(x: torch.Tensor, gate_up_proj: torch.Tensor, routes: _Routes) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(preact [TK, 2I] interleaved, silu(g) * u [TK, I])``, x rows gathered by ``routes.tok``."""
+    if GATE_UP_CONCAT:
+        weight, concat = gate_up_proj.mT, ("B",)
+    else:
+        e, two_i, h = gate_up_proj.shape
+        weight = gate_up_proj.view(e, 2, two_i // 2, h).transpose(1, 2).reshape(e, two_i, h).mT
+        concat = None
+    return _gi.gemm_gated(
+        x, weight, activation="swiglu", cu_seqlens_m=routes.cu, A_idx=routes.tok, concat_layout=concat, tuned=TUNED,
+    )
+
+
+def _wgrad(rows: torch.Tensor, b: torch.Tensor, routes: _Routes, **kw) -> torch.Tensor:
+    """Per expert ``rows[tok]^T @ b`` (varlen-K GEMM): ``[E, rows.shape[1], b.shape[1]]``."""
+    if WGRAD_GATHER:
+        return _gi.gemm(rows.mT, b, cu_seqlens_k=routes.cu, A_idx=routes.tok, tuned=TUNED, **kw)
+    return _gi.gemm(rows[routes.tok.long()].mT, b, cu_seqlens_k=routes.cu, tuned=TUNED, **kw)
+
+
+def down_gemm(act: torch.Tensor, down_proj: torch.Tensor, routes: _Routes) -> torch.Tensor:
+    """``[TK + 1, H]``: row r = ``down_proj[e_r] @ act_r``; the last row zero."""
+    ybuf = _zero_row_buffer(routes.tk, down_proj.shape[1], act)
+    _gi.gemm(act, down_proj.mT, out=ybuf[: routes.tk], cu_seqlens_m=routes.cu, tuned=TUNED)
+    return ybuf
+
+
+def dgated_gemm(
+    grad_out: torch.Tensor, down_proj: torch.Tensor, preact: torch.Tensor, w_sorted: torch.Tensor, routes: _Routes
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(d preact [TK, 2I] interleaved, w * act [TK, I], d w per sorted route [TK] float32)``."""
+    dpreact, act_w, dw_sorted = _gi.gemm_dgated(
+        grad_out, down_proj, preact, activation="swiglu", colvec_scale=w_sorted, colvec_reduce=True,
+        cu_seqlens_m=routes.cu, A_idx=routes.tok, tuned=TUNED,
+    )
+    return dpreact, act_w, dw_sorted
+
+
+def wgrad_down_gemm(grad_out: torch.Tensor, act_w: torch.Tensor, routes: _Routes) -> torch.Tensor:
+    """``d down_proj [E, H, I]`` = per expert ``grad_out[tok]^T @ (w * act)`` (varlen-K GEMM)."""
+    return _wgrad(grad_out, act_w, routes)
+
+
+def wgrad_gate_up_gemm(
+    x: torch.Tensor, dpreact: torch.Tensor, routes: _Routes, gate_up_proj: torch.Tensor
+) -> torch.Tensor:
     """``d gate_up_proj [E, 2I, H]`` = per expert ``[dg | du]^T @ x[tok]`` (varlen-K GEMM)."""
     if WGRAD_INTO_TRANSPOSED:
         grad = torch.empty_like(gate_up_proj, memory_format=torch.contiguous_format)
         # grad.mT is [E, H, 2I], m-major; concat_layout maps its interleaved columns to [gate; up] rows.
-        _gi.gemm(x.mT, dpreact, out=grad.mT, cu_seqlens_k=routes.cu, A_idx=routes.tok, concat_layout=("out",))
+        _wgrad(x, dpreact, routes, out=grad.mT, concat_layout=("out",))
         return grad
-    grad_t = _gi.gemm(x.mT, _deinterleave(dpreact), cu_seqlens_k=routes.cu, A_idx=routes.tok)  # [E, H, 2I]
+    grad_t = _wgrad(x, _deinterleave(dpreact), routes)
     return grad_t.transpose(1, 2).contiguous()
 
 
-class _QuackMoE(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, top_k_index, top_k_weights, gate_up_proj, down_proj):  # type: ignore[override]
-        t, h = x.shape
-        k = top_k_index.shape[1]
-        num_experts = gate_up_proj.shape[0]
-        routes = _Routes(top_k_index, num_experts)
-        preact, act = _gi.gemm_gated(
-            x, gate_up_proj.mT, activation="swiglu", cu_seqlens_m=routes.cu, A_idx=routes.tok,
-            concat_layout=("B",),
-        )
-        ybuf = _zero_row_buffer(routes.tk, h, x)
-        _gi.gemm(act, down_proj.mT, out=ybuf[: routes.tk], cu_seqlens_m=routes.cu)
-        weights = torch.where(routes.in_range.view(t, k), top_k_weights, 0).to(x.dtype)
-        out = torch.bmm(weights.unsqueeze(1), _token_major(ybuf, routes, t, k)).squeeze(1)
-        ctx.routes = routes
-        ctx.k = k
-        ctx.save_for_backward(x, preact, weights, gate_up_proj, down_proj)
-        ctx.weights_dtype = top_k_weights.dtype
-        return out
+def dx_gemm(dpreact_concat: torch.Tensor, gate_up_proj: torch.Tensor, routes: _Routes) -> torch.Tensor:
+    """``[TK + 1, H]``: row r = ``[dg | du]_r @ gate_up_proj[e_r]``; the last row zero."""
+    dxbuf = _zero_row_buffer(routes.tk, gate_up_proj.shape[2], dpreact_concat)
+    _gi.gemm(dpreact_concat, gate_up_proj, out=dxbuf[: routes.tk], cu_seqlens_m=routes.cu, tuned=TUNED)
+    return dxbuf
 
-    @staticmethod
-    def backward(ctx, grad_out):  # type: ignore[override]
-        x, preact, weights, gate_up_proj, down_proj = ctx.saved_tensors
-        routes: _Routes = ctx.routes
-        t, h = x.shape
-        k = ctx.k
-        need_x, _, need_w, need_gu, need_down = ctx.needs_input_grad
-        g = to_layout(grad_out, layout_div(h, grad_out)).contiguous()
-        # The route weight of each sorted row, at least float32 (0 on sentinel rows, which Quack never reads).
-        w_sorted = torch.where(routes.valid, weights.reshape(-1)[routes.order], 0)
-        w_sorted = w_sorted.to(torch.promote_types(w_sorted.dtype, torch.float32))
-        dpreact, act_w, dw_sorted = _gi.gemm_dgated(
-            g, down_proj, preact, activation="swiglu", colvec_scale=w_sorted, colvec_reduce=True,
-            cu_seqlens_m=routes.cu, A_idx=routes.tok,
-        )
-        grad_x = grad_w = grad_gu = grad_down = None
-        if need_down:
-            grad_down = _gi.gemm(g.mT, act_w, cu_seqlens_k=routes.cu, A_idx=routes.tok)  # [E, H, I]
-        if need_gu:
-            grad_gu = _wgrad_gate_up(x, dpreact, routes, gate_up_proj)
-        if need_x:
-            dxbuf = _zero_row_buffer(routes.tk, h, x)
-            _gi.gemm(_deinterleave(dpreact), gate_up_proj, out=dxbuf[: routes.tk], cu_seqlens_m=routes.cu)
-            grad_x = _token_major(dxbuf, routes, t, k).sum(dim=1)
-        if need_w:
-            # Sorted rows past cu[E] hold whatever the partials buffer held: masked.
-            dw = torch.where(routes.valid, dw_sorted, 0)
-            grad_w = torch.empty_like(dw).index_copy_(0, routes.order, dw).view(t, k).to(ctx.weights_dtype)
-        return grad_x, None, grad_w, grad_gu, grad_down
+
+def sorted_weights(weights: torch.Tensor, routes: _Routes) -> torch.Tensor:
+    """The route weight of each sorted row, at least float32 (0 on sentinel rows, which Quack never reads)."""
+    w_sorted = torch.where(routes.valid, weights.reshape(-1)[routes.order], 0)
+    return w_sorted.to(torch.promote_types(w_sorted.dtype, torch.float32))
+
+
+# ----------------------------------------------------------------- the custom ops
+# Forward and backward are torch.library custom ops with fake implementations and a registered
+# autograd formula: torch.compile(fullgraph=True) traces the kernel as two opaque calls (Quack's
+# Python, the pointer checks and the sort run inside them, eagerly).
+_LIB = "veomni_quack"
+
+
+@torch.library.custom_op(f"{_LIB}::moe_experts_fwd", mutates_args=())
+def _fwd(
+    hidden_states: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(out, preact, weights, cu, tok, order, src)``: the output and what the backward needs."""
+    t, h = hidden_states.shape
+    k = top_k_index.shape[1]
+    x = to_layout(hidden_states.contiguous(), layout_div(h, hidden_states))
+    routes = _Routes.sort(top_k_index, gate_up_proj.shape[0])
+    preact, act = gate_up_gemm(x, gate_up_proj, routes)
+    ybuf = down_gemm(act, down_proj, routes)
+    weights = torch.where(routes.in_range.view(t, k), top_k_weights, 0).to(x.dtype)
+    out = torch.bmm(weights.unsqueeze(1), _token_major(ybuf, routes, t, k)).squeeze(1)
+    return out, preact, weights, routes.cu, routes.tok, routes.order, routes.src
+
+
+@_fwd.register_fake
+def _(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj):
+    t, h = hidden_states.shape
+    k = top_k_index.shape[1]
+    e, two_i, _ = gate_up_proj.shape
+    tk = t * k
+    dev = hidden_states.device
+    return (
+        hidden_states.new_empty(t, h),
+        hidden_states.new_empty(tk, two_i),
+        hidden_states.new_empty(t, k),
+        torch.empty(e + 1, dtype=torch.int32, device=dev),
+        torch.empty(tk, dtype=torch.int32, device=dev),
+        torch.empty(tk, dtype=torch.int64, device=dev),
+        torch.empty(tk, dtype=torch.int64, device=dev),
+    )
+
+
+@torch.library.custom_op(f"{_LIB}::moe_experts_bwd", mutates_args=())
+def _bwd(
+    grad_out: torch.Tensor,
+    hidden_states: torch.Tensor,
+    preact: torch.Tensor,
+    weights: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    cu: torch.Tensor,
+    tok: torch.Tensor,
+    order: torch.Tensor,
+    src: torch.Tensor,
+    needs: list[bool],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(d hidden_states, d weights (float32), d gate_up_proj, d down_proj)``; an unneeded one is empty."""
+    t, h = hidden_states.shape
+    k = weights.shape[1]
+    need_x, need_w, need_gu, need_down = needs
+    routes = _Routes(cu, tok, order, src)
+    x = to_layout(hidden_states.contiguous(), layout_div(h, hidden_states))
+    g = to_layout(grad_out.contiguous(), layout_div(h, grad_out))
+    dpreact, act_w, dw_sorted = dgated_gemm(g, down_proj, preact, sorted_weights(weights, routes), routes)
+    # An unneeded gradient is a fresh empty tensor (a custom op's outputs may not alias each other).
+    grad_x, grad_w, grad_gu, grad_down = (x.new_empty(0) for _ in range(4))
+    if need_down:
+        grad_down = wgrad_down_gemm(g, act_w, routes)
+    if need_gu:
+        grad_gu = wgrad_gate_up_gemm(x, dpreact, routes, gate_up_proj)
+    if need_x:
+        dxbuf = dx_gemm(_deinterleave(dpreact), gate_up_proj, routes)
+        grad_x = _token_major(dxbuf, routes, t, k).sum(dim=1)
+    if need_w:
+        # Sorted rows past cu[E] hold whatever the partials buffer held: masked.
+        dw = torch.where(routes.valid, dw_sorted, 0)
+        grad_w = torch.empty_like(dw).index_copy_(0, routes.order, dw).view(t, k)
+    return grad_x, grad_w, grad_gu, grad_down
+
+
+@_bwd.register_fake
+def _(grad_out, hidden_states, preact, weights, gate_up_proj, down_proj, cu, tok, order, src, needs):
+    need_x, need_w, need_gu, need_down = needs
+    w_dtype = torch.promote_types(weights.dtype, torch.float32)
+    return (
+        hidden_states.new_empty(hidden_states.shape if need_x else (0,)),
+        weights.new_empty(weights.shape if need_w else (0,), dtype=w_dtype if need_w else hidden_states.dtype),
+        gate_up_proj.new_empty(gate_up_proj.shape if need_gu else (0,)),
+        down_proj.new_empty(down_proj.shape if need_down else (0,)),
+    )
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    hidden_states, _, top_k_weights, gate_up_proj, down_proj = inputs
+    _, preact, weights, cu, tok, order, src = output
+    ctx.save_for_backward(hidden_states, preact, weights, gate_up_proj, down_proj, cu, tok, order, src)
+    ctx.weights_dtype = top_k_weights.dtype
+    ctx.mark_non_differentiable(*output[1:])
+
+
+def _backward(ctx, grad_out, *_):
+    need_x, _, need_w, need_gu, need_down = ctx.needs_input_grad
+    grads = _bwd(grad_out, *ctx.saved_tensors, [need_x, need_w, need_gu, need_down])
+    grad_x, grad_w, grad_gu, grad_down = (g if need else None for g, need in zip(grads, (need_x, need_w, need_gu,
+                                                                                         need_down)))
+    if grad_w is not None:
+        grad_w = grad_w.to(ctx.weights_dtype)
+    return grad_x, None, grad_w, grad_gu, grad_down
+
+
+_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 def moe_experts(
@@ -238,8 +392,6 @@ def moe_experts(
     down_proj: torch.Tensor,
 ) -> torch.Tensor:
     """Routed SiLU-gated experts on Quack's grouped GEMMs (module docstring); ``[T, H]`` in the input dtype."""
-    t, h, e, _, _ = _check(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj)
+    _, _, e, _, _ = _check(hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj)
     CHECKS.check_expert_index(top_k_index, e)
-    div = layout_div(h, hidden_states)
-    x = to_layout(hidden_states, div)
-    return _QuackMoE.apply(x, top_k_index, top_k_weights, gate_up_proj.contiguous(), down_proj.contiguous())
+    return _fwd(hidden_states, top_k_index, top_k_weights, gate_up_proj.contiguous(), down_proj.contiguous())[0]

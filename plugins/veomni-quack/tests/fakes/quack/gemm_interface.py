@@ -150,7 +150,7 @@ def gemm(
 ) -> Tensor:
     """GEMM with optional output tensor (varlen_m / varlen_k / gather_A as the real one)."""
     CALLS.append(("gemm", dict(A=A, B=B, out=out, cu_seqlens_m=cu_seqlens_m, cu_seqlens_k=cu_seqlens_k, A_idx=A_idx,
-                               concat_layout=concat_layout)))
+                               concat_layout=concat_layout, tuned=tuned)))
     assert bias is None and alpha == 1.0 and out_quant_dim == -1 and not out_transposed and out_per_tensor_scale is None
     assert batch_idx_permute is None and split_k in (1, None), "stand-in quack: feature not modelled"
     assert A.dtype == B.dtype, "stand-in quack: A and B must share a dtype"
@@ -208,7 +208,7 @@ def gemm_act(
 ) -> tuple[Tensor | None, Tensor]:
     """GEMM with (gated) activation: ``preact = A @ B``, ``postact = act(preact)`` (from the fp32 accumulator)."""
     CALLS.append(("gemm_act", dict(A=A, B=B, activation=activation, cu_seqlens_m=cu_seqlens_m, A_idx=A_idx,
-                                   concat_layout=concat_layout)))
+                                   concat_layout=concat_layout, tuned=tuned)))
     assert C is None and bias is None and alpha == 1.0 and config is None and split_k in (1, None)
     assert activation in _GATED, f"stand-in quack: activation {activation!r} not modelled"
     concat = set(concat_layout or ())
@@ -260,7 +260,8 @@ def gemm_dact(
     ``D = pack(dgate, dup)`` of ``act(g, u)`` w.r.t. g and u times dout; ``postact = act(g, u) * colvec_scale``;
     ``colvec_reduce``: ``sum_n act(g, u) * acc`` (unscaled, float32), one value per row."""
     CALLS.append(("gemm_dact", dict(A=A, B=B, PreAct=PreAct, activation=activation, colvec_scale=colvec_scale,
-                                    colvec_reduce=colvec_reduce, cu_seqlens_m=cu_seqlens_m, A_idx=A_idx)))
+                                    colvec_reduce=colvec_reduce, cu_seqlens_m=cu_seqlens_m, A_idx=A_idx,
+                                    tuned=tuned)))
     assert config is None and split_k in (1, None)
     assert activation in _GATED, f"stand-in quack: activation {activation!r} not modelled"
     assert A.dtype == B.dtype
