@@ -29,8 +29,8 @@ What is registered, and why each field has the value it has:
   (``gemm_gated`` with the SwiGLU epilogue, ``gemm``, ``gemm_dgated`` with the route-weight
   scale and reduction) and varlen-K grouped GEMMs for the expert weight gradients
   (kernels/moe.py). bfloat16 and float16 (fp32 is not declared), H and I multiples of 8;
-  honours both expert sentinels, so it is declared expert-parallel. Not yet run on a GPU
-  when registered (2026-11-25): ``.devrun/quack/moe_gpu.py`` checks it. Forward and backward
+  honours both expert sentinels, so it is declared expert-parallel. Priority -1 (``auto``
+  never picks it) because it had not yet run on a GPU when registered (2026-11-25): ``.devrun/quack/moe_gpu.py`` checks it. Forward and backward
   are torch.library custom ops with fakes, so it compiles with ``fullgraph=True``.
 * Not registered: ``swiglu`` (Quack has SwiGLU only as a GEMM epilogue, no elementwise
   ``silu(gate) * up`` kernel), ``rotary`` (Quack's rotary is a GEMM epilogue / interleaved
@@ -118,5 +118,8 @@ def moe_experts() -> list[KernelSpec]:
             # Forward and backward are torch.library custom ops with fakes (fullgraph traced on the CPU
             # against the stand-in; the GPU script's "compile" section runs it with inductor).
             supports_compile=True,
+            # Below the core's eager reference (0): until a GPU run has checked it, `auto` never picks
+            # it; it runs when asked for by name (moe_implementation: quack). Raise it to 25 then.
+            priority=-1,
         )
     ]
