@@ -130,5 +130,5 @@ def fingerprint_installed_dsl() -> bool:
         return bool(original(fn))
 
     is_extern._veomni_installed_dsl = True  # type: ignore[attr-defined]
-    identity._is_extern_function = is_extern
+    setattr(identity, "_is_extern_function", is_extern)  # noqa: B010 - a module attribute mypy cannot see
     return True

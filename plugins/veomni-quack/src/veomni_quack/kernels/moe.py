@@ -46,6 +46,10 @@ Backward (4 GEMMs):
 4. ``gemm([dg | du], gate_up_proj, cu_seqlens_m=cu)`` -> ``dx`` per route, summed over the K
    routes of each token token-major (fixed order, float32 accumulation, no atomics).
 
+Forward and backward are ``torch.library`` custom ops (``veomni_quack::moe_experts_fwd`` /
+``_bwd``) with fake implementations and a registered autograd formula, so
+``torch.compile(fullgraph=True)`` traces the kernel as two opaque calls.
+
 Rows of the sorted order past ``cu[E]`` (routes to the sentinels) are never written by a
 Quack GEMM: every tensor read from them is masked (the zero row; ``torch.where`` on the
 weight gradient), so no uninitialised memory reaches an output or a gradient.
@@ -91,8 +95,8 @@ GATE_UP_CONCAT = True
 WGRAD_GATHER = True
 
 #: Write ``d gate_up_proj`` straight into its ``[E, 2I, H]`` storage (Quack's output given as
-#: an m-major ``[E, H, 2I]`` view with ``concat_layout=("out",)``) instead of computing it
-#: ``[E, H, 2I]`` interleaved and copying. Off until the GPU script has checked it.
+#: an m-major ``[E, H, 2I]`` view with ``concat_layout=("out",)``, from the interleaved d preact)
+#: instead of computing it ``[E, H, 2I]`` and copying. Off until the GPU script has checked it.
 WGRAD_INTO_TRANSPOSED = False
 
 
@@ -243,15 +247,22 @@ def wgrad_down_gemm(grad_out: torch.Tensor, act_w: torch.Tensor, routes: _Routes
 
 
 def wgrad_gate_up_gemm(
-    x: torch.Tensor, dpreact: torch.Tensor, routes: _Routes, gate_up_proj: torch.Tensor
+    x: torch.Tensor,
+    dpreact: torch.Tensor,
+    routes: _Routes,
+    gate_up_proj: torch.Tensor,
+    dpreact_concat: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``d gate_up_proj [E, 2I, H]`` = per expert ``[dg | du]^T @ x[tok]`` (varlen-K GEMM)."""
+    """``d gate_up_proj [E, 2I, H]`` = per expert ``[dg | du]^T @ x[tok]`` (varlen-K GEMM).
+
+    ``dpreact`` is Quack's interleaved layout; ``dpreact_concat``, its ``[dg | du]`` form if the
+    caller has it already."""
     if WGRAD_INTO_TRANSPOSED:
         grad = torch.empty_like(gate_up_proj, memory_format=torch.contiguous_format)
         # grad.mT is [E, H, 2I], m-major; concat_layout maps its interleaved columns to [gate; up] rows.
         _wgrad(x, dpreact, routes, out=grad.mT, concat_layout=("out",))
         return grad
-    grad_t = _wgrad(x, _deinterleave(dpreact), routes)
+    grad_t = _wgrad(x, _deinterleave(dpreact) if dpreact_concat is None else dpreact_concat, routes)
     return grad_t.transpose(1, 2).contiguous()
 
 
@@ -339,10 +350,12 @@ def _bwd(
     grad_x, grad_w, grad_gu, grad_down = (x.new_empty(0) for _ in range(4))
     if need_down:
         grad_down = wgrad_down_gemm(g, act_w, routes)
+    dpreact_concat = _deinterleave(dpreact) if need_x or (need_gu and not WGRAD_INTO_TRANSPOSED) else None
     if need_gu:
-        grad_gu = wgrad_gate_up_gemm(x, dpreact, routes, gate_up_proj)
+        grad_gu = wgrad_gate_up_gemm(x, dpreact, routes, gate_up_proj, dpreact_concat)
     if need_x:
-        dxbuf = dx_gemm(_deinterleave(dpreact), gate_up_proj, routes)
+        assert dpreact_concat is not None
+        dxbuf = dx_gemm(dpreact_concat, gate_up_proj, routes)
         grad_x = _token_major(dxbuf, routes, t, k).sum(dim=1)
     if need_w:
         # Sorted rows past cu[E] hold whatever the partials buffer held: masked.
