@@ -115,7 +115,7 @@ def fingerprint_installed_dsl() -> bool:
     """
     try:
         identity = importlib.import_module("quack.gemm_runtime.identity")
-    except ImportError:
+    except Exception:  # noqa: BLE001 - no Quack, or one that fails to import: import_quack reports that
         return False
     original = getattr(identity, "_is_extern_function", None)
     if original is None:

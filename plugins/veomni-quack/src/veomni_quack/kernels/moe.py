@@ -71,10 +71,10 @@ from veomni_ops.kernels.moe import routed
 
 from ._common import CHECKS, fingerprint_installed_dsl, import_quack, layout_div, to_layout
 
-_gi = import_quack("quack.gemm_interface")
 # gemm_gated / gemm_dgated build their epilogues through quack.epilogue.library (imported at their
 # first call), whose fingerprinting fails for a DSL installed outside site-packages (see there).
 fingerprint_installed_dsl()
+_gi = import_quack("quack.gemm_interface")
 
 _OP = "moe_experts"
 _FIX = "set moe_implementation: triton (or grouped_mm / eager)"
