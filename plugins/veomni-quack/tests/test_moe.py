@@ -146,11 +146,24 @@ def test_zero_tokens(float64):
     assert torch.equal(grads[2], torch.zeros_like(grads[2])) and torch.equal(grads[3], torch.zeros_like(grads[3]))
 
 
-def test_weight_gradient_written_in_place_variant(float64, monkeypatch):
-    # The alternative (Quack writes d gate_up_proj into its [E, 2I, H] storage through an m-major
-    # view with concat_layout=("out",)): the same numbers.
-    monkeypatch.setattr(moe, "WGRAD_INTO_TRANSPOSED", True)
-    check_float64(make(k=2))
+@pytest.mark.parametrize("mode", ["sorted", "transpose", "in_place"])
+def test_gate_up_weight_gradient_modes(float64, monkeypatch, mode):
+    # The three ways to compute d gate_up_proj (moe.WGRAD_GATE_UP): the same numbers.
+    monkeypatch.setattr(moe, "WGRAD_GATE_UP", mode)
+    stand_in.CALLS.clear()
+    check_float64(make(idx=torch.tensor([[0, -1], [E, 1], [2, 2], [4, 3]] * 3), t=12))
+    wgrad = [c[1] for c in stand_in.CALLS if c[1].get("cu_seqlens_k") is not None]
+    assert len(wgrad) == 2  # d down_proj, d gate_up_proj
+    assert (wgrad[1]["A_idx"] is None) == (mode == "sorted")
+    assert wgrad[1]["concat_layout"] == (("out",) if mode == "in_place" else None)
+
+
+def test_unknown_gate_up_weight_gradient_mode(monkeypatch):
+    monkeypatch.setattr(moe, "WGRAD_GATE_UP", "nope")
+    x, idx, w, gu, dn = make(dtype=torch.bfloat16)
+    gu.requires_grad_(True)
+    with pytest.raises(ValueError, match="WGRAD_GATE_UP is 'nope'"):
+        moe.moe_experts(x, idx, w, gu, dn).sum().backward()
 
 
 @pytest.mark.parametrize(("flag", "value"), [("GATE_UP_CONCAT", False), ("WGRAD_GATHER", False)])
@@ -191,7 +204,9 @@ def test_quack_calls():
     assert dgated["A_idx"] is not None and dgated["A"].shape == (T, H)
     d_down, d_gate_up = stand_in.CALLS[3][1], stand_in.CALLS[4][1]
     assert d_down["cu_seqlens_k"] is not None and d_down["A_idx"] is not None
-    assert d_gate_up["cu_seqlens_k"] is not None and d_gate_up["A_idx"] is not None
+    # Default WGRAD_GATE_UP = "sorted": [dg | du]^T (m-major) @ x rows gathered into a copy.
+    assert d_gate_up["cu_seqlens_k"] is not None and d_gate_up["A_idx"] is None
+    assert d_gate_up["A"].shape == (2 * INTER, T * 2) and d_gate_up["A"].stride(-2) == 1
 
 
 # --------------------------------------------------------------------------- 16-bit, tolerances

@@ -40,9 +40,9 @@ Backward (4 GEMMs):
 2. ``gemm(grad_out.T, w * act, cu_seqlens_k=cu, A_idx=tok)`` -> ``d down_proj [E, H, I]``: a
    varlen-K grouped GEMM (each expert's rows are its contraction range; an expert with no rows
    gets zeros: Quack fills the accumulator with 0 when a group has no K tile).
-3. ``dpreact`` de-interleaved to ``[dg | du]`` (one torch copy); ``gemm(x.T, [dg | du],
-   cu_seqlens_k=cu, A_idx=tok)`` -> ``[E, H, 2I]``, transposed into ``d gate_up_proj [E, 2I, H]``
-   (one copy; :data:`WGRAD_INTO_TRANSPOSED` writes it in place instead, not yet run on a GPU).
+3. ``dpreact`` de-interleaved to ``[dg | du]`` (one torch copy); ``gemm([dg | du].T, x[tok],
+   cu_seqlens_k=cu)`` -> ``d gate_up_proj [E, 2I, H]`` in place, the x rows gathered into a
+   sorted copy first (Quack gathers A only); :data:`WGRAD_GATE_UP` has two alternatives.
 4. ``gemm([dg | du], gate_up_proj, cu_seqlens_m=cu)`` -> ``dx`` per route, summed over the K
    routes of each token token-major (fixed order, float32 accumulation, no atomics).
 
@@ -94,10 +94,17 @@ GATE_UP_CONCAT = True
 #: gather them into a sorted copy first (the fallback if the varlen-K gather misbehaves).
 WGRAD_GATHER = True
 
-#: Write ``d gate_up_proj`` straight into its ``[E, 2I, H]`` storage (Quack's output given as
-#: an m-major ``[E, H, 2I]`` view with ``concat_layout=("out",)``, from the interleaved d preact)
-#: instead of computing it ``[E, H, 2I]`` and copying. Off until the GPU script has checked it.
-WGRAD_INTO_TRANSPOSED = False
+#: How ``d gate_up_proj [E, 2I, H]`` is computed (one varlen-K GEMM per mode; the GPU script times all):
+#:
+#: * ``"sorted"``: ``[dg | du]^T @ x_sorted`` with ``x_sorted = x[tok]`` gathered into a ``[TK, H]``
+#:   copy first (the GEMM's gather is on A only, and A is ``[dg | du]^T`` here); written
+#:   directly in the weight's layout. The copy is ``TK * H`` elements.
+#: * ``"transpose"``: ``x^T @ [dg | du]`` with x gathered in the GEMM (``A_idx``) into
+#:   ``[E, H, 2I]``, then a transposing copy (``E * 2I * H`` elements: 3x the above at moe-30b).
+#: * ``"in_place"``: like ``"transpose"`` but written into the ``[E, 2I, H]`` storage through an
+#:   m-major ``[E, H, 2I]`` view with ``concat_layout=("out",)``, from the interleaved d preact:
+#:   no copy at all, if Quack's m-major varlen-K output with a concat layout works on the GPU.
+WGRAD_GATE_UP = "sorted"
 
 
 def _check(
@@ -253,17 +260,23 @@ def wgrad_gate_up_gemm(
     gate_up_proj: torch.Tensor,
     dpreact_concat: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``d gate_up_proj [E, 2I, H]`` = per expert ``[dg | du]^T @ x[tok]`` (varlen-K GEMM).
+    """``d gate_up_proj [E, 2I, H]`` = per expert ``[dg | du]^T @ x[tok]`` (varlen-K GEMM; :data:`WGRAD_GATE_UP`).
 
     ``dpreact`` is Quack's interleaved layout; ``dpreact_concat``, its ``[dg | du]`` form if the
     caller has it already."""
-    if WGRAD_INTO_TRANSPOSED:
+    if WGRAD_GATE_UP == "in_place":
         grad = torch.empty_like(gate_up_proj, memory_format=torch.contiguous_format)
         # grad.mT is [E, H, 2I], m-major; concat_layout maps its interleaved columns to [gate; up] rows.
         _wgrad(x, dpreact, routes, out=grad.mT, concat_layout=("out",))
         return grad
-    grad_t = _wgrad(x, _deinterleave(dpreact) if dpreact_concat is None else dpreact_concat, routes)
-    return grad_t.transpose(1, 2).contiguous()
+    if dpreact_concat is None:
+        dpreact_concat = _deinterleave(dpreact)
+    if WGRAD_GATE_UP == "sorted":
+        x_sorted = x.index_select(0, routes.tok)
+        return _gi.gemm(dpreact_concat.mT, x_sorted, cu_seqlens_k=routes.cu, tuned=TUNED)
+    if WGRAD_GATE_UP != "transpose":
+        raise ValueError(f"{_OP} (quack): WGRAD_GATE_UP is {WGRAD_GATE_UP!r}; one of 'sorted', 'transpose', 'in_place'")
+    return _wgrad(x, dpreact_concat, routes).transpose(1, 2).contiguous()
 
 
 def dx_gemm(dpreact_concat: torch.Tensor, gate_up_proj: torch.Tensor, routes: _Routes) -> torch.Tensor:
@@ -350,7 +363,7 @@ def _bwd(
     grad_x, grad_w, grad_gu, grad_down = (x.new_empty(0) for _ in range(4))
     if need_down:
         grad_down = wgrad_down_gemm(g, act_w, routes)
-    dpreact_concat = _deinterleave(dpreact) if need_x or (need_gu and not WGRAD_INTO_TRANSPOSED) else None
+    dpreact_concat = _deinterleave(dpreact) if need_x or (need_gu and WGRAD_GATE_UP != "in_place") else None
     if need_gu:
         grad_gu = wgrad_gate_up_gemm(x, dpreact, routes, gate_up_proj, dpreact_concat)
     if need_x:
