@@ -361,14 +361,18 @@ def _bwd(
     dpreact, act_w, dw_sorted = dgated_gemm(g, down_proj, preact, sorted_weights(weights, routes), routes)
     # An unneeded gradient is a fresh empty tensor (a custom op's outputs may not alias each other).
     grad_x, grad_w, grad_gu, grad_down = (x.new_empty(0) for _ in range(4))
+    # Each [TK, .] intermediate is dropped as soon as its last GEMM has been queued (peak memory).
     if need_down:
         grad_down = wgrad_down_gemm(g, act_w, routes)
+    del act_w
     dpreact_concat = _deinterleave(dpreact) if need_x or (need_gu and WGRAD_GATE_UP != "in_place") else None
     if need_gu:
         grad_gu = wgrad_gate_up_gemm(x, dpreact, routes, gate_up_proj, dpreact_concat)
+    del dpreact
     if need_x:
         assert dpreact_concat is not None
         dxbuf = dx_gemm(dpreact_concat, gate_up_proj, routes)
+        del dpreact_concat
         grad_x = _token_major(dxbuf, routes, t, k).sum(dim=1)
     if need_w:
         # Sorted rows past cu[E] hold whatever the partials buffer held: masked.
