@@ -17,6 +17,7 @@ EXPECTED = {
     ("rms_norm", "offset"): "veomni_quack.kernels.rms_norm:rms_norm_offset",
     ("cross_entropy", "logits"): "veomni_quack.kernels.cross_entropy:cross_entropy_sum",
     ("cross_entropy", "fused_linear"): "veomni_quack.kernels.linear_cross_entropy:fused_linear_cross_entropy_sum",
+    ("moe_experts", "standard"): "veomni_quack.kernels.moe:moe_experts",
 }
 
 

@@ -34,8 +34,12 @@ CONTRACT_SIGNATURES = {
     ("cross_entropy", "fused_linear"): [
         ("hidden", P, None), ("weight", P, None), ("labels", P, None), ("bias", K, None), ("ignore_index", K, -100),
     ],
+    ("moe_experts", "standard"): [
+        ("hidden_states", P, None), ("top_k_index", P, None), ("top_k_weights", P, None), ("gate_up_proj", P, None),
+        ("down_proj", P, None),
+    ],
 }
-NEEDS = {"rms_norm": ["standard", "offset"], "cross_entropy": ["logits", "fused_linear"]}
+NEEDS = {"rms_norm": ["standard", "offset"], "cross_entropy": ["logits", "fused_linear"], "moe_experts": ["standard"]}
 
 
 def quack_registry():
@@ -47,8 +51,8 @@ def test_registers_exactly_the_expected_kernels():
     reg = quack_registry()
     assert not reg.failures, [f.describe() for f in reg.failures]
     assert {(s.op, s.variant): s.factory for s in all_specs()} == EXPECTED
-    # No elementwise SwiGLU, no contract-shaped RoPE, MoE not written, nothing for the rest.
-    for op in ("swiglu", "rotary", "moe_experts", "load_balancing_loss", "attention"):
+    # No elementwise SwiGLU, no contract-shaped RoPE, nothing for the rest.
+    for op in ("swiglu", "rotary", "load_balancing_loss", "attention"):
         assert not hasattr(specs, op)
     registered = {(k.spec.op, k.spec.variant) for k in reg if k.spec.name == "quack"}
     assert registered == set(EXPECTED)
@@ -56,15 +60,19 @@ def test_registers_exactly_the_expected_kernels():
 
 @pytest.mark.parametrize("spec", all_specs(), ids=lambda s: f"{s.op}-{s.variant}")
 def test_spec_metadata(spec: KernelSpec):
-    assert spec.name == "quack" and spec.priority == 25
+    # moe_experts: below eager until a GPU run has checked it (specs.py).
+    assert spec.name == "quack" and spec.priority == (-1 if spec.op == "moe_experts" else 25)
     assert spec.hardware.device_types == ("cuda",)
     assert spec.hardware.min_capability == (9, 0) and spec.hardware.max_capability is None
     assert spec.install_hint == 'pip install "veomni-ops[quack]"'
-    assert spec.supports_backward is True and spec.supports_compile is False
+    assert spec.supports_backward is True and spec.supports_compile is (spec.op == "moe_experts")
     assert {d for d, _ in spec.tolerances} == set(spec.dtypes)
     if spec.variant == "fused_linear":
         assert spec.dtypes == ("bfloat16", "float16")
         assert "NOT YET RUN" in spec.description
+    elif spec.op == "moe_experts":
+        assert spec.dtypes == ("bfloat16", "float16")
+        assert spec.parallel == ("ep",)
     else:
         assert spec.dtypes == ("float32", "bfloat16", "float16")
     for d in spec.dtypes:
@@ -134,7 +142,7 @@ def test_sm80_is_refused_with_the_capability():
 
 @pytest.mark.parametrize("device", ["cuda:9.0", "cuda:10.0"])
 def test_hopper_and_blackwell_accept_without_loading(device):
-    plan = resolve(OpsConfig(rms_norm_implementation="quack", cross_entropy_loss_implementation="quack"),
+    plan = resolve(OpsConfig(rms_norm_implementation="quack", cross_entropy_loss_implementation="quack", moe_implementation="quack"),
                    device=device, registry=quack_registry(), needs=NEEDS, load=False)
     got = {(e.op, e.variant): e.kernel for e in plan.entries}
     assert got == {key: "quack" for key in EXPECTED}
@@ -143,8 +151,13 @@ def test_hopper_and_blackwell_accept_without_loading(device):
 
 def test_auto_prefers_quack_on_hopper_and_keeps_eager_on_ampere():
     reg = quack_registry()
-    plan = resolve(OpsConfig(), device="cuda:9.0", registry=reg, needs=NEEDS, load=False)
+    needs = {op: v for op, v in NEEDS.items() if op != "moe_experts"}
+    plan = resolve(OpsConfig(), device="cuda:9.0", registry=reg, needs=needs, load=False)
     assert all(e.kernel == "quack" and "priority 25" in e.reason for e in plan.entries)
+    # moe_experts (priority -1, not yet run on a GPU) only when asked for by name.
+    plan = resolve(OpsConfig(), device="cuda:9.0", registry=reg, needs={"moe_experts": ["standard"]},
+                   dtype="bfloat16", load=False)
+    assert plan.entries[0].kernel != "quack"
     plan = resolve(OpsConfig(), device="cuda:8.0", registry=reg, needs={"rms_norm": ["standard"]}, load=False)
     assert plan.entries[0].kernel != "quack"
 
@@ -156,7 +169,7 @@ def test_fused_linear_in_float32_is_not_offered():
 
 
 def test_loading_on_hopper_imports_the_adapters():
-    plan = resolve(OpsConfig(rms_norm_implementation="quack", cross_entropy_loss_implementation="quack"),
+    plan = resolve(OpsConfig(rms_norm_implementation="quack", cross_entropy_loss_implementation="quack", moe_implementation="quack"),
                    device="cuda:9.0", registry=quack_registry(), needs=NEEDS, load=True)
     for e in plan.entries:
         assert callable(e.fn) and e.fn.__module__.startswith("veomni_quack.kernels.")

@@ -13,9 +13,10 @@ What is registered, and why each field has the value it has:
 * ``hardware``: CUDA sm 9.0+. Quack's README lists H100, B200/B300 and RTX 50 (sm 9.0,
   10.x, 12.0); its sources carry sm 8.x paths for some kernels, but Ampere is not listed and
   has not been run.
-* ``supports_compile``: False. Every adapter checks the label range or layout on the host
-  (the cross-entropies synchronise); Quack's row kernels register as torch custom ops, but
-  tracing through the adapters has not been run.
+* ``supports_compile``: False, except ``moe_experts`` (custom ops with fakes). Every other
+  adapter checks the label range or layout on the host (the cross-entropies synchronise);
+  Quack's row kernels register as torch custom ops, but tracing through the adapters has not
+  been run.
 * ``rms_norm``: both variants (``quack.rmsnorm.rmsnorm``, ``weight_offset`` 0.0 / 1.0).
   ``offset`` is exactly the contract; ``standard`` rounds once instead of twice (kernels/rms_norm.py).
 * ``cross_entropy``: ``logits`` (``quack.cross_entropy.cross_entropy``, float32 per-row
@@ -24,11 +25,17 @@ What is registered, and why each field has the value it has:
   nvidia-cutlass-dsl 4.8.1 (H100 run of 2026-11-21, ContextVar semantic-key TypeError), so
   resolution refuses it with the import error chained. It stays registered on purpose
   (README "fused_linear").
+* ``moe_experts``: ``quack.gemm_interface``'s varlen-M grouped GEMMs with gathered rows
+  (``gemm_gated`` with the SwiGLU epilogue, ``gemm``, ``gemm_dgated`` with the route-weight
+  scale and reduction) and varlen-K grouped GEMMs for the expert weight gradients
+  (kernels/moe.py). bfloat16 and float16 (fp32 is not declared), H and I multiples of 8;
+  honours both expert sentinels, so it is declared expert-parallel. Priority -1 (``auto``
+  never picks it) because it had not yet run on a GPU when registered (2026-11-25): ``.devrun/quack/moe_gpu.py`` checks it. Forward and backward
+  are torch.library custom ops with fakes, so it compiles with ``fullgraph=True``.
 * Not registered: ``swiglu`` (Quack has SwiGLU only as a GEMM epilogue, no elementwise
   ``silu(gate) * up`` kernel), ``rotary`` (Quack's rotary is a GEMM epilogue / interleaved
-  layout, not the contract), ``moe_experts`` (Quack's varlen GEMM with a row gather could
-  carry it, but the full forward and backward were not written: README), ``load_balancing_loss``
-  and ``attention`` (no such kernels in quack-kernels).
+  layout, not the contract), ``load_balancing_loss`` and ``attention`` (no such kernels in
+  quack-kernels).
 """
 
 from __future__ import annotations
@@ -91,4 +98,28 @@ def cross_entropy() -> list[KernelSpec]:
             dtypes=("bfloat16", "float16"),
             tolerances=MATMUL,
         ),
+    ]
+
+
+@hookimpl
+def moe_experts() -> list[KernelSpec]:
+    # Grouped GEMMs in the input dtype, fp32 accumulation; bf16 intermediates (preact, act, y)
+    # as every grouped-GEMM MoE kernel here: the matmul tolerances.
+    return [
+        _QUACK.spec(
+            "moe_experts", "standard", "moe:moe_experts",
+            "Quack varlen grouped GEMMs over expert-sorted routes (quack.gemm_interface): token rows gathered in "
+            "the GEMM (A_idx), fused SwiGLU epilogue, deterministic combine; backward: gemm_dgated (route-weight "
+            "gradient in its epilogue) and varlen-K weight-gradient GEMMs. No host sync. H, I multiples of 8. "
+            "NOT YET RUN on a GPU when registered (2026-11-25)",
+            dtypes=("bfloat16", "float16"),
+            tolerances=MATMUL,
+            parallel=("ep",),
+            # Forward and backward are torch.library custom ops with fakes (fullgraph traced on the CPU
+            # against the stand-in; the GPU script's "compile" section runs it with inductor).
+            supports_compile=True,
+            # Below the core's eager reference (0): until a GPU run has checked it, `auto` never picks
+            # it; it runs when asked for by name (moe_implementation: quack). Raise it to 25 then.
+            priority=-1,
+        )
     ]
