@@ -231,13 +231,19 @@ def test_qualified_legacy_names_map_too():
         assert OpsConfig(rms_norm_implementation="liger@veomni-liger").rms_norm_implementation == "liger@veomni-liger"
 
 
-@pytest.mark.parametrize("value", ["fused_quack", "fused_quack@veomni-quack"])
-def test_fused_quack_is_refused_with_what_to_write(value):
-    with pytest.raises(ConfigError) as ei:
-        OpsConfig(moe_implementation=value)
-    msg = str(ei.value)
-    assert f"moe_implementation: {value!r} was VeOmni's Quack" in msg
-    assert "no Quack MoE kernel" in msg and "moe_implementation: triton" in msg and "grouped_mm" in msg
+@pytest.mark.parametrize("value,new", [("fused_quack", "quack"), ("fused_quack@veomni-quack", "quack@veomni-quack")])
+def test_fused_quack_maps_to_veomni_quacks_moe_kernel(value, new):
+    with pytest.warns(DeprecationWarning, match=f"write moe_implementation: {new}"):
+        assert OpsConfig(moe_implementation=value).moe_implementation == new
+
+
+def test_a_refused_legacy_value_says_why_and_what_to_write(monkeypatch):
+    from veomni_ops import config as config_module
+
+    monkeypatch.setattr(config_module, "REFUSED_LEGACY_VALUES",
+                        {"moe_experts": {"fused_old": "was a kernel that is gone; write moe_implementation: triton"}})
+    with pytest.raises(ConfigError, match="moe_implementation: 'fused_old' was a kernel that is gone; write"):
+        OpsConfig(moe_implementation="fused_old")
 
 
 def test_missing_yaml_is_named(tmp_path):

@@ -57,7 +57,7 @@ UNMANAGED_FIELDS: Mapping[str, str] = {
 #: qualified legacy name maps too (``liger_kernel@veomni-liger`` -> ``liger@veomni-liger``).
 LEGACY_VALUES: Mapping[str, Mapping[str, str]] = {
     "*": {"liger_kernel": "liger"},
-    "moe_experts": {"fused": "triton", "fused_triton": "triton", "fused_npu": "npu"},
+    "moe_experts": {"fused": "triton", "fused_triton": "triton", "fused_npu": "npu", "fused_quack": "quack"},
     "cross_entropy": {"chunk_loss": "chunked"},
     "attention": {
         "veomni_flash_attention_2_with_sp": "flash_attention_2",
@@ -76,16 +76,8 @@ LEGACY_NOTES: Mapping[str, str] = {
 
 #: Legacy VeOmni values with no counterpart here, per op -> why, and what to write instead.
 #: Refused (a :class:`ConfigError`), never mapped to something that is not what they meant.
-REFUSED_LEGACY_VALUES: Mapping[str, Mapping[str, str]] = {
-    "moe_experts": {
-        "fused_quack": (
-            "was VeOmni's Quack (CUTLASS/CuTe) MoE backend, and veomni-ops has no Quack MoE kernel "
-            "(veomni-quack provides rms_norm and cross_entropy only). Write moe_implementation: triton "
-            "(Triton grouped GEMM, what 'fused'/'fused_triton' meant; CUDA sm80+), grouped_mm "
-            "(torch._grouped_mm, bfloat16; CUDA sm90+), or auto"
-        ),
-    },
-}
+#: Empty today: ``fused_quack`` (VeOmni's Quack MoE backend) maps to veomni-quack's ``quack``.
+REFUSED_LEGACY_VALUES: Mapping[str, Mapping[str, str]] = {}
 
 #: Environment variables VeOmni removed; setting one is an error that says what to write.
 REMOVED_ENV_VARS: Mapping[str, str] = {

@@ -60,8 +60,7 @@ def test_registers_exactly_the_expected_kernels():
 
 @pytest.mark.parametrize("spec", all_specs(), ids=lambda s: f"{s.op}-{s.variant}")
 def test_spec_metadata(spec: KernelSpec):
-    # moe_experts: below eager until a GPU run has checked it (specs.py).
-    assert spec.name == "quack" and spec.priority == (-1 if spec.op == "moe_experts" else 25)
+    assert spec.name == "quack" and spec.priority == 25
     assert spec.hardware.device_types == ("cuda",)
     assert spec.hardware.min_capability == (9, 0) and spec.hardware.max_capability is None
     assert spec.install_hint == 'pip install "veomni-ops[quack]"'
@@ -151,13 +150,8 @@ def test_hopper_and_blackwell_accept_without_loading(device):
 
 def test_auto_prefers_quack_on_hopper_and_keeps_eager_on_ampere():
     reg = quack_registry()
-    needs = {op: v for op, v in NEEDS.items() if op != "moe_experts"}
-    plan = resolve(OpsConfig(), device="cuda:9.0", registry=reg, needs=needs, load=False)
+    plan = resolve(OpsConfig(), device="cuda:9.0", registry=reg, needs=NEEDS, dtype="bfloat16", load=False)
     assert all(e.kernel == "quack" and "priority 25" in e.reason for e in plan.entries)
-    # moe_experts (priority -1, not yet run on a GPU) only when asked for by name.
-    plan = resolve(OpsConfig(), device="cuda:9.0", registry=reg, needs={"moe_experts": ["standard"]},
-                   dtype="bfloat16", load=False)
-    assert plan.entries[0].kernel != "quack"
     plan = resolve(OpsConfig(), device="cuda:8.0", registry=reg, needs={"rms_norm": ["standard"]}, load=False)
     assert plan.entries[0].kernel != "quack"
 
