@@ -184,6 +184,28 @@ def test_errors():
         moe_experts_grouped_mm(*[a.double() if a.is_floating_point() else a for a in (x, idx, w, gate_up, down)])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_grouped_mm_every_route_a_sentinel_gives_zeros_and_zero_gradients(dtype):
+    # all routes sort into the last group and gather the zero row: exact zeros, nothing leaks
+    x, idx, w, gate_up, down = make(6, 16, 8, 4, 2, dtype, seed=11)
+    idx = torch.full_like(idx, 4)
+    idx[0, 0] = -1
+    out = moe_experts_grouped_mm(x, idx, w, gate_up, down)
+    grads = torch.autograd.grad(out.float().sum(), (x, w, gate_up, down), allow_unused=False)
+    assert torch.count_nonzero(out) == 0
+    for g in grads:
+        assert torch.count_nonzero(g) == 0
+
+
+def test_grouped_mm_without_experts_is_zero_and_keeps_the_graph():
+    x, idx, w, gate_up, down = make(5, 16, 8, 4, 2, torch.float32, seed=12)
+    gate_up, down = gate_up[:0], down[:0]
+    out = moe_experts_grouped_mm(x, torch.full_like(idx, -1), w, gate_up, down)
+    assert out.shape == x.shape and torch.count_nonzero(out) == 0
+    (gx,) = torch.autograd.grad(out.sum(), (x,))
+    assert torch.count_nonzero(gx) == 0
+
+
 def test_grouped_mm_no_tokens():
     x, idx, w, gate_up, down = make(0, 8, 8, 3, 2, torch.float32, seed=5)
     out = moe_experts_grouped_mm(x, idx, w, gate_up, down)
