@@ -43,6 +43,25 @@ def bench(fn, rep=60):
     return do_bench(fn, warmup=15, rep=rep, return_mode="median")
 
 
+def kernel_list(fn, calls=5):
+    """The CUDA kernels of one ``fn()`` (profiler, averaged over ``calls``): name, launches, ms; and their sum."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    rows = [
+        (e.key[:90], e.count // calls, e.self_device_time_total / calls / 1000)
+        for e in prof.key_averages()
+        if e.self_device_time_total > 0
+    ]
+    rows.sort(key=lambda r: -r[2])
+    return {"kernels": rows, "kernel_sum_ms": sum(r[2] for r in rows)}
+
+
 def section(name):
     def deco(f):
         if name not in SECTIONS:
@@ -113,23 +132,7 @@ def _():
         with torch.no_grad():
             M.moe_experts(x, idx, tw, wgu, wd)
 
-    res["whole"] = {"fwd_ms": bench(f), "fwdbwd_ms": bench(fb, 200)}
-    # kernel list of one fwd+bwd
-    from torch.profiler import ProfilerActivity, profile
-
-    fb()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(5):
-            fb()
-        torch.cuda.synchronize()
-    rows = []
-    for e in prof.key_averages():
-        if e.self_device_time_total > 0:
-            rows.append((e.key[:90], e.count // 5, e.self_device_time_total / 5 / 1000))
-    rows.sort(key=lambda r: -r[2])
-    res["whole"]["kernels"] = rows
-    res["whole"]["kernel_sum_ms"] = sum(r[2] for r in rows)
+    res["whole"] = {"fwd_ms": bench(f), "fwdbwd_ms": bench(fb, 200), **kernel_list(fb)}
     for p in (x, tw, wgu, wd):
         p.requires_grad_(False)
     print(json.dumps(res["whole"], indent=1))
@@ -170,6 +173,18 @@ def _():
     print(json.dumps(res["cutlass"], indent=1))
 
 
+# the two weight-gradient GEMMs (and, in round 2, down and dx) were swept over the same tiles
+_WGRAD1 = [
+    C(128, 128, 64, 8, 3),
+    C(128, 128, 64, 8, 4),
+    C(128, 256, 64, 8, 3),
+    C(256, 128, 64, 8, 3),
+    C(128, 128, 32, 8, 5),
+    C(128, 64, 64, 4, 4),
+    C(64, 128, 64, 4, 4),
+    C(128, 128, 128, 8, 3),
+    C(128, 256, 32, 8, 4),
+]
 CANDS = {
     "gate_up": [
         C(128, 64, 64, 4, 4),
@@ -219,31 +234,24 @@ CANDS = {
         C(128, 128, 128, 8, 3),
         C(128, 256, 32, 8, 5),
     ],
-    "wgrad_down": [
-        C(128, 128, 64, 8, 3),
-        C(128, 128, 64, 8, 4),
-        C(128, 256, 64, 8, 3),
-        C(256, 128, 64, 8, 3),
-        C(128, 128, 32, 8, 5),
-        C(128, 64, 64, 4, 4),
-        C(64, 128, 64, 4, 4),
-        C(128, 128, 128, 8, 3),
-        C(128, 256, 32, 8, 4),
-    ],
-    "wgrad_gate_up": [
-        C(128, 128, 64, 8, 3),
-        C(128, 128, 64, 8, 4),
-        C(128, 256, 64, 8, 3),
-        C(256, 128, 64, 8, 3),
-        C(128, 128, 32, 8, 5),
-        C(128, 64, 64, 4, 4),
-        C(64, 128, 64, 4, 4),
-        C(128, 128, 128, 8, 3),
-        C(128, 256, 32, 8, 4),
-    ],
+    "wgrad_down": _WGRAD1,
+    "wgrad_gate_up": _WGRAD1,
 }
 
 
+_WGRAD2 = [
+    C(128, 128, 32, 8, 5),
+    C(128, 128, 32, 8, 6),
+    C(128, 128, 32, 4, 5),
+    C(128, 256, 32, 8, 4),
+    C(256, 128, 32, 8, 4),
+    C(128, 128, 16, 8, 8),
+    C(64, 128, 32, 4, 6),
+    C(128, 64, 32, 4, 6),
+    C(256, 64, 32, 8, 5),
+    C(64, 256, 32, 8, 5),
+]
+_SCATTER2 = [C(128, 256, 64, 8, 4), C(256, 128, 64, 8, 4), C(128, 256, 32, 8, 6), C(128, 128, 64, 8, 5)]
 CANDS_ROUND2 = {
     "dh": [
         C(128, 128, 64, 8, 4),
@@ -259,30 +267,8 @@ CANDS_ROUND2 = {
         C(128, 64, 32, 8, 6),
         C(64, 128, 32, 4, 6),
     ],
-    "wgrad_down": [
-        C(128, 128, 32, 8, 5),
-        C(128, 128, 32, 8, 6),
-        C(128, 128, 32, 4, 5),
-        C(128, 256, 32, 8, 4),
-        C(256, 128, 32, 8, 4),
-        C(128, 128, 16, 8, 8),
-        C(64, 128, 32, 4, 6),
-        C(128, 64, 32, 4, 6),
-        C(256, 64, 32, 8, 5),
-        C(64, 256, 32, 8, 5),
-    ],
-    "wgrad_gate_up": [
-        C(128, 128, 32, 8, 5),
-        C(128, 128, 32, 8, 6),
-        C(128, 128, 32, 4, 5),
-        C(128, 256, 32, 8, 4),
-        C(256, 128, 32, 8, 4),
-        C(128, 128, 16, 8, 8),
-        C(64, 128, 32, 4, 6),
-        C(128, 64, 32, 4, 6),
-        C(256, 64, 32, 8, 5),
-        C(64, 256, 32, 8, 5),
-    ],
+    "wgrad_down": _WGRAD2,
+    "wgrad_gate_up": _WGRAD2,
     "gate_up": [
         C(128, 128, 64, 8, 4),
         C(128, 128, 32, 8, 6),
@@ -291,8 +277,8 @@ CANDS_ROUND2 = {
         C(64, 128, 64, 4, 5),
         C(128, 128, 64, 8, 3),
     ],
-    "down": [C(128, 256, 64, 8, 4), C(256, 128, 64, 8, 4), C(128, 256, 32, 8, 6), C(128, 128, 64, 8, 5)],
-    "dx": [C(128, 256, 64, 8, 4), C(256, 128, 64, 8, 4), C(128, 256, 32, 8, 6), C(128, 128, 64, 8, 5)],
+    "down": _SCATTER2,
+    "dx": _SCATTER2,
 }
 
 
@@ -317,8 +303,6 @@ def _():
 
 @section("core_vs_plain")
 def _():
-    from torch.profiler import ProfilerActivity, profile
-
     ps = [p.detach().clone().requires_grad_(True) for p in (x, tw, wgu, wd)]
 
     def plain(h, w, gup, dp):
@@ -340,20 +324,6 @@ def _():
         def fb(fn=fn):
             torch.autograd.grad(fn(*ps), ps, go)
 
-        r = {"fwdbwd_ms": bench(fb, 200)}
-        fb()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(5):
-                fb()
-            torch.cuda.synchronize()
-        rows = [
-            (e.key[:90], e.count // 5, e.self_device_time_total / 5 / 1000)
-            for e in prof.key_averages()
-            if e.self_device_time_total > 0
-        ]
-        rows.sort(key=lambda r: -r[2])
-        r["kernels"] = rows
-        r["kernel_sum_ms"] = sum(r_[2] for r_ in rows)
+        r = {"fwdbwd_ms": bench(fb, 200), **kernel_list(fb)}
         res[name] = r
         print(name, json.dumps(r, indent=1), flush=True)
