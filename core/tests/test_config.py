@@ -237,15 +237,6 @@ def test_fused_quack_maps_to_veomni_quacks_moe_kernel(value, new):
         assert OpsConfig(moe_implementation=value).moe_implementation == new
 
 
-def test_a_refused_legacy_value_says_why_and_what_to_write(monkeypatch):
-    from veomni_ops import config as config_module
-
-    monkeypatch.setattr(config_module, "REFUSED_LEGACY_VALUES",
-                        {"moe_experts": {"fused_old": "was a kernel that is gone; write moe_implementation: triton"}})
-    with pytest.raises(ConfigError, match="moe_implementation: 'fused_old' was a kernel that is gone; write"):
-        OpsConfig(moe_implementation="fused_old")
-
-
 def test_missing_yaml_is_named(tmp_path):
     missing = tmp_path / "nope.yaml"
     with pytest.raises(ConfigError, match=f"{missing}: no such file"):

@@ -74,11 +74,6 @@ LEGACY_NOTES: Mapping[str, str] = {
     ) for v in (2, 3, 4)
 }
 
-#: Legacy VeOmni values with no counterpart here, per op -> why, and what to write instead.
-#: Refused (a :class:`ConfigError`), never mapped to something that is not what they meant.
-#: Empty today: ``fused_quack`` (VeOmni's Quack MoE backend) maps to veomni-quack's ``quack``.
-REFUSED_LEGACY_VALUES: Mapping[str, Mapping[str, str]] = {}
-
 #: Environment variables VeOmni removed; setting one is an error that says what to write.
 REMOVED_ENV_VARS: Mapping[str, str] = {
     "VEOMNI_USE_LIGER_KERNEL": (
@@ -332,9 +327,6 @@ def _normalize_value(field_name: str, op: str, value: Any) -> str:
     except SpecError as e:
         raise ConfigError(f"{field_name}: {e}") from None
     name = normalize_name(value)
-    refused = REFUSED_LEGACY_VALUES.get(op, {}).get(kernel)
-    if refused is not None:
-        raise ConfigError(f"{field_name}: {value!r} {refused}")
     for table in (LEGACY_VALUES.get(op, {}), LEGACY_VALUES["*"]):
         if kernel in table:
             new = table[kernel] + (f"{QUALIFIER}{dist}" if dist else "")
