@@ -59,15 +59,15 @@ def _kernels_for(registry: Any, w: Workload, dev_info: Any, backend: str | None)
 
 
 def _peer(p: Any, dev_info: Any) -> Candidate:
-    version = p.version() or "?"
+    def candidate(fn: Any, why: str = "") -> Candidate:
+        return Candidate(p.name, p.distribution, p.version() or "?", True, fn, why, peer=True, about=p.about)
+
     if dev_info.type not in p.device_types:
-        return Candidate(p.name, p.distribution, version, True, None,
-                         f"peer, runs on {'/'.join(p.device_types)} only", peer=True, about=p.about)
+        return candidate(None, f"peer, runs on {'/'.join(p.device_types)} only")
     try:
-        return Candidate(p.name, p.distribution, version, True, p.load(), peer=True, about=p.about)
+        return candidate(p.load())
     except Exception as e:  # installed but broken: a skipped row that says why
-        return Candidate(p.name, p.distribution, version, True, None, f"peer failed to import: "
-                         f"{type(e).__name__}: {e}", peer=True, about=p.about)
+        return candidate(None, f"peer failed to import: {type(e).__name__}: {e}")
 
 
 def _peer_notes(plan: Sequence[tuple[Workload, list[Candidate]]]) -> list[dict[str, str]]:
