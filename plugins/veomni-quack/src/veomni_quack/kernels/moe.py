@@ -155,7 +155,7 @@ class _Routes:
     """The routes of one call sorted by expert (see the module docstring).
 
     ``cu``, ``tok``, ``order`` and ``src`` are the state (what the forward op returns for the
-    backward); ``valid`` and ``in_range`` follow from them.
+    backward); ``valid`` and ``in_range`` follow from them, each computed where first used.
     """
 
     def __init__(self, cu: torch.Tensor, tok: torch.Tensor, order: torch.Tensor, src: torch.Tensor) -> None:
@@ -168,10 +168,16 @@ class _Routes:
         #: int64 [T*K], token-major: the row to read a route's output from (T*K: the zero row, a sentinel).
         self.src = src
         self.tk = tok.shape[0]
-        #: Boolean [T*K], sorted: the route reaches an expert (rows < cu[E]).
-        self.valid = torch.arange(self.tk, device=cu.device) < cu[-1]
-        #: Boolean [T*K], token-major: the routes that reach an expert.
-        self.in_range = src < self.tk
+
+    @functools.cached_property
+    def valid(self) -> torch.Tensor:
+        """Boolean [T*K], sorted: the route reaches an expert (rows < cu[E]); the backward's."""
+        return torch.arange(self.tk, device=self.cu.device) < self.cu[-1]
+
+    @functools.cached_property
+    def in_range(self) -> torch.Tensor:
+        """Boolean [T*K], token-major: the routes that reach an expert; the forward's."""
+        return self.src < self.tk
 
     @classmethod
     def sort(cls, top_k_index: torch.Tensor, num_experts: int) -> _Routes:
