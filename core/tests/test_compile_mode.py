@@ -136,3 +136,25 @@ def test_compile_mode_cross_entropy_prefers_the_measured_fused_kernel_then_the_l
     old = veomni_ops.resolve({}, "cuda:7.0", needs=needs, registry=reg, compile=True, load=False)
     assert old.get("cross_entropy", "logits").kernel == "eager"
     assert "compile-ablation" in old.get("cross_entropy", "logits").reason
+
+
+def test_compile_mode_says_when_the_measured_choice_fails_to_load():
+    """Compile-mode auto passes over a measured-best kernel whose factory fails to import, and
+    the plan's reason says so (it used to be skipped without a word)."""
+    mod = types.ModuleType("flce_broken_specs")
+
+    @hookimpl
+    def cross_entropy():
+        return [KernelSpec(name="triton", op="cross_entropy", variant="fused_linear", supports_compile=True,
+                           priority=30, factory="vo_no_such_module_for_this_test:fn",
+                           hardware=veomni_ops.HardwareRequirement(("cuda",), min_capability=(8, 0)))]
+
+    mod.cross_entropy = cross_entropy
+    reg = build_registry(modules=[("eager", reference), ("flce", mod)], include_entry_points=False, env={})
+    needs = {"cross_entropy": [("fused_linear", "logits")]}
+    plan = veomni_ops.resolve({}, "cuda:9.0", needs=needs, registry=reg, compile=True, load=True)
+    assert plan.get("cross_entropy", "fused_linear") is None
+    ce = plan.get("cross_entropy", "logits")
+    assert ce is not None and ce.kernel == "eager"
+    assert "passed over the measured compile-mode choice triton (its kernel failed to import (ModuleNotFoundError" \
+        in ce.reason, ce.reason

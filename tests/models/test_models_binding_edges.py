@@ -199,15 +199,18 @@ def _granite():
 @pytest.mark.parametrize("make", [lambda: _gemma2(0.5), _granite], ids=["gemma2_softcap", "granite_logits_scaling"])
 def test_head_that_rescales_logits_is_not_replaced(make, counting_registry, counter):
     """Gemma-2's final_logit_softcapping / Granite's logits_scaling act between lm_head and the
-    loss: the core's causal-LM head would silently drop them. No cross_entropy place there:
-    a named CE kernel is refused, auto leaves transformers' head (and loss) alone."""
+    loss: the core's causal-LM head would silently drop them. The cross_entropy place is left
+    (with why): a named CE kernel is refused, auto leaves transformers' head (and loss) alone
+    and the binding says so."""
     ref = make()
     model = copy.deepcopy(ref)
-    assert not [p for p in survey(model) if p.op == "cross_entropy"]
-    with pytest.raises(BindingError, match="cross_entropy_loss_implementation='counting'"):
+    [place] = [p for p in survey(model) if p.op == "cross_entropy"]
+    assert place.left and "rescales its logits" in place.left
+    with pytest.raises(BindingError, match="cross_entropy_loss_implementation='counting'.*rescales its logits"):
         veomni_ops.apply(model, {"cross_entropy_loss_implementation": "counting"}, registry=counting_registry,
                          device="cpu")
-    veomni_ops.apply(model, {}, registry=counting_registry, device="cpu")
+    binding = veomni_ops.apply(model, {}, registry=counting_registry, device="cpu")
+    assert [(p, op) for p, op, why in binding.skipped if "rescales its logits" in why] == [("", "cross_entropy")]
     b = batch()
     r, g = ref(**b), model(**b)
     assert counter[("cross_entropy", "fused_linear")] == 0
@@ -215,7 +218,7 @@ def test_head_that_rescales_logits_is_not_replaced(make, counting_registry, coun
 
 
 def test_gemma2_without_softcap_keeps_its_ce_place():
-    assert [p.op for p in survey(_gemma2(None)) if p.op == "cross_entropy"] == ["cross_entropy"]
+    assert [(p.op, p.left) for p in survey(_gemma2(None)) if p.op == "cross_entropy"] == [("cross_entropy", None)]
 
 
 def test_auto_attention_on_softcapped_attention_model_runs(registry):

@@ -75,14 +75,17 @@ def test_teacher_eager_student_counting(counting_registry, counter):
 
 
 def test_apply_twice_rebinds(counting_registry, counter):
-    """A second apply replaces the first plan on that model (and only that model)."""
+    """A second apply replaces the first plan on that model (and only that model): the first
+    binding is removed, then the new one bound."""
     model = build("qwen3")
     veomni_ops.apply(model, COUNTING_DENSE, registry=counting_registry, device="cpu")
     b = batch()
     with torch.no_grad():
         model(**b)
     assert counter[("rms_norm", "standard")] > 0
+    first = model.veomni_ops_binding
     veomni_ops.apply(model, ALL_EAGER, registry=counting_registry, device="cpu")
+    assert not first.in_force and model.veomni_ops_binding.in_force
     counter.clear()
     with torch.no_grad():
         model(**b)

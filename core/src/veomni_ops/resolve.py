@@ -616,21 +616,27 @@ def _tie_rule(a: RegisteredKernel, b: RegisteredKernel) -> str:
     return "distribution name order"
 
 
-def _compile_preference(reg: Registry, req: OpRequest) -> PlanEntry | None:
-    """Compile-mode auto: the measured choice of :mod:`.compile_policy`, where it is usable here."""
+def _compile_preference(reg: Registry, req: OpRequest) -> tuple[PlanEntry | None, list[str]]:
+    """Compile-mode auto: the measured choice of :mod:`.compile_policy`, where it is usable here;
+    and the measured choices passed over because they failed to load (said in the plan)."""
     from .compile_policy import preferences
 
+    failed: list[str] = []
     for pref in preferences(req.op, req.variants, req.device.type):
         rk = reg.get(req.op, pref.variant, pref.kernel) if not reg.is_contested(req.op, pref.kernel) else None
         if rk is None or req.problem(rk.spec) is not None:
             continue
         try:
             entry = _entry(rk, AUTO, "", req.load)
-        except Exception:
+        except Exception as e:
+            if strict_mode():
+                raise _strict_import_error(rk, e, reg.name_of(rk)) from e
+            failed.append(f"the measured compile-mode choice {reg.name_of(rk)} ({_import_why(e)})")
             continue
+        passed = f"; passed over {', '.join(failed)}" if failed else ""
         return dataclasses.replace(entry, reason=f"auto (compile mode): {pref.kernel} by measurement: {pref.why} "
-                                                 f"[{pref.evidence}]")
-    return None
+                                                 f"[{pref.evidence}]{passed}"), failed
+    return None, failed
 
 
 def _auto_reason(reg: Registry, req: OpRequest, rk: RegisteredKernel, behind: list[RegisteredKernel],
@@ -650,14 +656,14 @@ def _auto_reason(reg: Registry, req: OpRequest, rk: RegisteredKernel, behind: li
 
 
 def _resolve_auto(reg: Registry, req: OpRequest) -> PlanEntry | Refusal:
+    passed: list[str] = []
     if req.compile:
-        got = _compile_preference(reg, req)
+        got, passed = _compile_preference(reg, req)
         if got is not None:
             return got
     # See AUTO_ORDER: priority, preferred variant, origin (core, first-party, others), name, distribution.
     cands = sorted((k for v in req.variants for k in reg.for_op(req.op, v)),
                    key=_auto_key({v: i for i, v in enumerate(req.variants)}))
-    passed: list[str] = []
     for i, rk in enumerate(cands):
         problem = req.problem(rk.spec)
         if problem is not None:

@@ -22,22 +22,23 @@ checked against the range this release supports (:mod:`.versions`).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 import sys
 import types
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
 
 from torch import nn
 
 from ..config import AUTO, OP_TO_FIELD, OpsConfig, as_config
 from ..device import DeviceInfo, current_device
-from ..plan import KernelPlan, text_columns
-from ..resolve import ResolutionError, resolve
+from ..plan import KernelPlan, PlanEntry, text_columns
+from ..resolve import RefusalKind, ResolutionError, resolve
 from ..spec import split_name
 from .binders import BY_OP, Edits, NotBindable, Place, find_places
-from .functions import RebindError, copy_with_globals
+from .functions import RebindError, copy_with_globals, library_method
 from .head import causal_lm_forward
 from .versions import check_transformers
 
@@ -45,21 +46,88 @@ if TYPE_CHECKING:
     from ..parallel.runtime import ParallelRuntime
     from ..registry import Registry
 
-__all__ = ["Binding", "BindingError", "Place", "apply", "needs_of", "survey"]
+__all__ = ["Binding", "BindingError", "DroppedBinding", "Place", "apply", "needs_of", "survey"]
 
 
 class BindingError(ValueError):
     """The plan and the model do not fit together."""
 
 
+#: What binding changed on one module's ``forward``: the module, whether it had an instance
+#: ``forward`` before (someone else's) and that value.
+_ForwardUndo = tuple[nn.Module, bool, Any]
+
+
+@dataclass
+class _Undo:
+    """What ``Binding.remove`` puts back, and the state of the binding."""
+
+    root: nn.Module
+    forwards: list[_ForwardUndo] = field(default_factory=list)
+    #: (module, the config object it had before binding gave it a private copy)
+    configs: list[tuple[nn.Module, Any]] = field(default_factory=list)
+    #: (the private copy, the attention implementation the original named), for unpickling
+    attn_names: list[tuple[Any, Any]] = field(default_factory=list)
+    in_force: bool = True
+    #: what remove() took out (in the order of ``configs`` and ``forwards``), for restore()
+    copies: list[Any] = field(default_factory=list)
+    bound_forwards: list[Any] = field(default_factory=list)
+
+
 @dataclass(frozen=True)
 class Binding:
     """What ``apply`` did: the plan, per module path the op, variant and kernel bound, and
-    the places left to the model's own code (path, op, why)."""
+    the places left to the model's own code (path, op, why).
+
+    ``remove()`` puts the model back exactly as it was. ``copy.deepcopy`` of the model keeps
+    the binding in force on the copy; pickling (``torch.save`` of the whole model) does not
+    carry it: the unpickled model runs transformers' own code and its ``veomni_ops_binding``
+    is a :class:`DroppedBinding` saying so.
+    """
 
     plan: KernelPlan
     bound: tuple[tuple[str, str, str, str], ...]
     skipped: tuple[tuple[str, str, str], ...] = ()
+    #: other facts the printout gives (the logits path's loss kernel, a copied config)
+    notes: tuple[str, ...] = ()
+    _undo: _Undo | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def in_force(self) -> bool:
+        """Is the model still bound (not ``remove()`` d)?"""
+        return self._undo is not None and self._undo.in_force
+
+    def remove(self) -> None:
+        """Restore the model as it was before ``apply``: its forwards, its config objects, no
+        ``veomni_ops_binding``. Outputs are then bitwise those of the unbound model. A second
+        call does nothing."""
+        u = self._undo
+        if u is None or not u.in_force:
+            return
+        u.copies = [m.__dict__["config"] for m, _ in u.configs]
+        u.bound_forwards = [m.__dict__["forward"] for m, _, _ in u.forwards]
+        for m, cfg in u.configs:
+            m.__dict__["config"] = cfg
+        for m, had, previous in reversed(u.forwards):
+            if had:
+                m.__dict__["forward"] = previous
+            else:
+                m.__dict__.pop("forward", None)
+        if u.root.__dict__.get("veomni_ops_binding") is self:
+            del u.root.__dict__["veomni_ops_binding"]
+        u.in_force = False
+
+    def restore(self) -> None:
+        """Bind again what ``remove()`` unbound (the same forwards and config copies)."""
+        u = self._undo
+        if u is None or u.in_force:
+            return
+        for (m, _), cfg in zip(u.configs, u.copies):
+            m.__dict__["config"] = cfg
+        for (m, _, _), fn in zip(u.forwards, u.bound_forwards):
+            m.__dict__["forward"] = fn
+        u.root.__dict__["veomni_ops_binding"] = self
+        u.in_force = True
 
     def summary(self) -> dict[str, int]:
         """Per op, how many places were bound: ``{"rms_norm": 5, "attention": 1, ...}``."""
@@ -71,7 +139,8 @@ class Binding:
     def table(self) -> str:
         """What ``print(binding)`` shows: one row per bound place (path, op, variant, kernel
         and where it comes from), then the places left to the model's own code, with why."""
-        head = (f"Binding for {self.plan.device}, mode {self.plan.mode}: {len(self.bound)} place(s) bound"
+        state = "" if self.in_force else " (removed: the model runs its own code again)"
+        head = (f"Binding for {self.plan.device}, mode {self.plan.mode}{state}: {len(self.bound)} place(s) bound"
                 + (f", {len(self.skipped)} left to the model's own code" if self.skipped else ""))
         rows = [("path", "op", "variant", "kernel")]
         for path, op, variant, kernel in self.bound:
@@ -82,10 +151,57 @@ class Binding:
             lines.append("left to the model's own code:")
             lines += text_columns([("path", "op", "why")] + [(p or "<model>", op, why) for p, op, why in self.skipped],
                                  indent="  ")
+        lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
     def __str__(self) -> str:
         return self.table()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Binding:
+        # The copied model's forwards are rebound to its own modules (Python copies bound
+        # methods that way): the copy is bound too, and its binding undoes the copy.
+        undo = copy.deepcopy(self._undo, memo)
+        return Binding(self.plan, self.bound, self.skipped, self.notes, undo)
+
+    def __copy__(self) -> Binding:
+        return self
+
+    def __reduce__(self):
+        # Kernels are not carried by pickle: the bound forwards pickle as "the module's
+        # forward", which is transformers' own on unpickling. Say so, and give the config
+        # copies their original attention implementation back.
+        names = [] if self._undo is None or not self._undo.in_force else self._undo.attn_names
+        return (_dropped_binding, (self.bound, self.skipped, names))
+
+
+@dataclass(frozen=True)
+class DroppedBinding:
+    """The ``veomni_ops_binding`` of a model that was pickled while bound (``torch.save`` of the
+    whole model): nothing is bound; ``bound`` says what was."""
+
+    bound: tuple[tuple[str, str, str, str], ...]
+    skipped: tuple[tuple[str, str, str], ...] = ()
+    in_force: bool = False
+
+    def summary(self) -> dict[str, int]:
+        return {}
+
+    def remove(self) -> None:
+        """Nothing to remove."""
+
+    def table(self) -> str:
+        return (f"veomni-ops binding not in force: the model was pickled while bound ({len(self.bound)} place(s)), "
+                "and pickling does not carry kernels, so it runs transformers' own code. Call "
+                "veomni_ops.apply(model, config) again to bind it (or save model.state_dict() and bind after loading).")
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def _dropped_binding(bound, skipped, attn_names) -> DroppedBinding:
+    for cfg, name in attn_names:
+        cfg._attn_implementation = name
+    return DroppedBinding(tuple(bound), tuple(skipped))
 
 
 def survey(model: nn.Module) -> list[Place]:
@@ -150,13 +266,25 @@ def apply(
     training: bool = True,
     compile: bool = False,
     parallel: ParallelRuntime | None = None,
+    skip_logits: bool | None = None,
 ) -> Binding:
-    """Resolve (if given a config) and bind kernels into ``model``. Returns a :class:`Binding`.
+    """Resolve (if given a config) and bind kernels into ``model``. Returns a :class:`Binding`
+    (also ``model.veomni_ops_binding``); ``binding.remove()`` undoes it.
+
+    ``model`` may be a transformers model or any module holding one (a PEFT model, your own
+    wrapper, a ``torch.compile`` d module): every place inside it is bound, the causal-LM
+    head included. Each bound ``forward`` keeps the signature of the one it replaces.
 
     ``compile=True``: the model will be run under ``torch.compile``; ``auto`` takes only
     kernels whose spec says ``supports_compile`` and a named one that does not is refused.
     An explicit non-eager kernel for an op the model has no place for raises
-    :class:`BindingError`; with ``auto`` such ops are simply not bound.
+    :class:`BindingError`; with ``auto`` such ops are simply not bound, and a place no
+    kernel can serve here is left to the model's own code (the binding lists it, with why).
+
+    ``skip_logits``: the causal-LM head's fused loss (no logits) runs by default only when
+    training with labels and autograd on, and ``return_dict`` is not ``False``; ``True`` always
+    takes it when labels are given (``logits`` is ``None``), ``False`` never (logits always).
+    One call can say the same: ``model(..., skip_logits=True)``.
 
     ``parallel``: a :class:`~veomni_ops.parallel.ParallelRuntime` (anything with ``needs()``
     and ``wrap_plan(plan)``): resolution takes only kernels whose spec declares what the
@@ -164,6 +292,19 @@ def apply(
     before they are bound.
     """
     check_transformers(type(model))
+    if skip_logits not in (None, True, False):
+        raise BindingError(f"skip_logits must be None, True or False, got {skip_logits!r}")
+    current = model.__dict__.get("veomni_ops_binding")
+    if isinstance(current, Binding) and current.in_force:
+        # A second apply replaces the first: unbind, then bind; if binding fails, the first comes back.
+        current.remove()
+        try:
+            return apply(model, config_or_plan, device=device, registry=registry, training=training,
+                         compile=compile, parallel=parallel, skip_logits=skip_logits)
+        except BaseException:
+            if not getattr(model.__dict__.get("veomni_ops_binding"), "in_force", False):
+                current.restore()
+            raise
     places = survey(model)
     cfg = _config_of(config_or_plan)
     if _kernel(cfg, "cross_entropy") == "eager":
@@ -173,6 +314,45 @@ def apply(
             if p.op == "cross_entropy":
                 p.variant = ("logits", "fused_linear")
 
+    places, skipped = _usable_places(type(model).__name__, cfg, places)
+    target = dict(registry=registry, dtype=_model_dtype(model), training=training, compile=compile,
+                  parallel=parallel.needs() if parallel is not None else None)
+    if isinstance(config_or_plan, KernelPlan):
+        plan = config_or_plan
+        if compile and not plan.compile:
+            raise BindingError("this plan was resolved without compile=True; resolve it again with compile=True, "
+                               "or pass apply(model, config, compile=True)")
+        dev = plan.device
+        target["compile"] = plan.compile
+    else:
+        dev = current_device(device)
+        plan, places, no_kernel = _resolve_leaving_auto(type(model).__name__, cfg, dev, places, target)
+        skipped += no_kernel
+    notes: list[str] = []
+    if any(p.op == "cross_entropy" for p in places):
+        plan, note = _with_logits_kernel(plan, cfg, dev, target)
+        notes += [note] if note else []
+    if parallel is not None:
+        plan = parallel.wrap_plan(plan)
+    bound = _bind(model, plan, places, tuple(skipped), notes, skip_logits)
+    model.veomni_ops_binding = bound  # type: ignore[assignment]  # per instance, for inspection
+    return bound
+
+
+def _usable_places(owner: str, cfg: OpsConfig, places: list[Place]) -> tuple[list[Place], list[tuple[str, str, str]]]:
+    """The places binding may fill, and those it leaves (path, op, why). A named kernel for a
+    place that must be left, or for an op the model has no place for, is refused."""
+    # Places no kernel can go (e.g. an adapter on lm_head): reported; a named kernel for one is refused.
+    left = [p for p in places if p.left]
+    refused_left = [p for p in left if _named(cfg, p.op) and _kernel(cfg, p.op) != "eager"]
+    if refused_left:
+        raise BindingError(f"{owner}: no kernel can be bound where the config names one:\n"
+                           + "\n".join(f"  - {OP_TO_FIELD[p.op]}={cfg.for_op(p.op)!r} at {p.path or '<model>'}: "
+                                       f"{p.left}" for p in refused_left)
+                           + "\nSet those fields to 'auto' or 'eager' (the model's own code then runs there).")
+    skipped = [(p.path, p.op, cast(str, p.left)) for p in left]
+    places = [p for p in places if not p.left]
+
     # User code: a named non-eager kernel for an overridden method is refused; otherwise the
     # place is left to the user's code (eager *is* what that code computes around).
     foreign = [p for p in places if p.foreign]
@@ -181,11 +361,11 @@ def apply(
         lines = [f"  - {OP_TO_FIELD[p.op]}={cfg.for_op(p.op)!r}: {p.foreign} is user code "
                  f"(module {p.path or '<model>'}); binding would replace it" for p in refused]
         raise BindingError(
-            f"{type(model).__name__}: veomni-ops will not replace methods your code overrides:\n" + "\n".join(lines)
+            f"{owner}: veomni-ops will not replace methods your code overrides:\n" + "\n".join(lines)
             + "\nSet those fields to 'auto' or 'eager' to keep your code (the op then runs as your method does), "
             "or move your change out of the overriding method (e.g. add loss terms outside model.forward)."
         )
-    skipped = tuple((p.path, p.op, f"user code: {p.foreign}") for p in foreign)
+    skipped += [(p.path, p.op, f"user code: {p.foreign}") for p in foreign]
     places = [p for p in places if not p.foreign]
 
     have_ops = {p.op for p in places}
@@ -196,28 +376,69 @@ def apply(
     ]
     if unplaced:
         raise BindingError(
-            f"{type(model).__name__} has no place for: {', '.join(unplaced)}. The model has no module for that op "
+            f"{owner} has no place for: {', '.join(unplaced)}. The model has no module for that op "
             f"(or not in a form veomni-ops can bind; {_version_hint()}); set the field to 'auto' or 'eager'."
         )
-    if isinstance(config_or_plan, KernelPlan):
-        plan = config_or_plan
-        if compile and not plan.compile:
-            raise BindingError("this plan was resolved without compile=True; resolve it again with compile=True, "
-                               "or pass apply(model, config, compile=True)")
-    else:
+    return places, skipped
+
+
+def _resolve_leaving_auto(owner: str, cfg: OpsConfig, dev: DeviceInfo, places: list[Place],
+                          target: dict[str, Any]) -> tuple[KernelPlan, list[Place], list[tuple[str, str, str]]]:
+    """Resolve for ``places``. An op left at ``auto`` for which no kernel is usable here is
+    left to the model's own code (its places returned as skipped, with why); only a kernel
+    the config names is refused."""
+    skipped: list[tuple[str, str, str]] = []
+    while True:
         try:
-            plan = resolve(cfg, current_device(device), needs=needs_of(places), features=features_of(places),
-                           registry=registry, dtype=_model_dtype(model), training=training, compile=compile,
-                           parallel=parallel.needs() if parallel is not None else None)
+            plan = resolve(cfg, dev, needs=needs_of(places), features=features_of(places), **target)
+            return plan, places, skipped
         except ResolutionError as e:
-            _add_note(e, f"(while binding {type(model).__name__}: its places need "
-                         f"{_describe_features(features_of(places)) or 'no extra features'})")
+            auto = {r.op: r for r in e.refusals if r.requested == AUTO and r.kind is RefusalKind.NOTHING_USABLE}
+            named = [r for r in e.refusals if r.op not in auto]
+            if named:
+                err = ResolutionError(named, e.device) if auto else e
+                feats = _describe_features({op: f for op, f in features_of(places).items()
+                                            if op in {r.op for r in named}})
+                if feats:
+                    _add_note(err, f"(while binding {owner}: its places need {feats})")
+                if err is e:
+                    raise
+                raise err from e
+            if "cross_entropy" in auto:  # the auxiliary loss is computed by the head
+                auto.setdefault("load_balancing_loss", auto["cross_entropy"])
+            for p in places:
+                if p.op in auto:
+                    skipped.append((p.path, p.op, f"auto: {auto[p.op].why}"))
+            places = [p for p in places if p.op not in auto]
+
+
+def _with_logits_kernel(plan: KernelPlan, cfg: OpsConfig, dev: DeviceInfo,
+                        target: dict[str, Any]) -> tuple[KernelPlan, str | None]:
+    """The plan with a ``cross_entropy/logits`` kernel for the head's logits path (evaluation,
+    generation, ``return_dict=False``): the configured kernel's logits variant, or, where the
+    named kernel has none, the reference's (said in the returned note)."""
+    if plan.get("cross_entropy", "fused_linear") is None or plan.get("cross_entropy", "logits") is not None:
+        return plan, None
+    needs = {"cross_entropy": [("logits",)]}
+    fused = plan.get("cross_entropy", "fused_linear")
+    try:
+        extra = resolve(cfg, dev, needs=needs, **target)
+        note = None
+    except ResolutionError as e:
+        if cfg.for_op("cross_entropy") == AUTO:
             raise
-    if parallel is not None:
-        plan = parallel.wrap_plan(plan)
-    bound = _bind(model, plan, places, skipped)
-    model.veomni_ops_binding = bound  # type: ignore[assignment]  # per instance, for inspection
-    return bound
+        eager = dataclasses.replace(cfg, cross_entropy_loss_implementation="eager")
+        try:
+            extra = resolve(eager, dev, needs=needs, **target)
+        except ResolutionError:
+            raise e from None
+        note = (f"cross_entropy: {fused.kernel if fused else '?'} has no logits variant; where the head returns "
+                "logits (evaluation, no grad, return_dict=False, skip_logits=False) the loss is computed from them "
+                "by the reference kernel (eager)")
+    entry = extra.get("cross_entropy", "logits")
+    if entry is None:  # pragma: no cover - resolve returns what it was asked for or raises
+        return plan, None
+    return dataclasses.replace(plan, entries=(*plan.entries, entry)), note
 
 
 def _add_note(e: BaseException, note: str) -> None:
@@ -245,13 +466,15 @@ def _pick(plan: KernelPlan, op: str, variant):
     )
 
 
-def _own_configs(model: nn.Module) -> None:
-    """Give ``model`` private copies of its config objects (one copy per distinct object).
+def _private_configs(model: nn.Module, undo: _Undo) -> None:
+    """Give ``model``'s modules private copies of their config objects (one copy per
+    distinct object), recording the originals in ``undo``.
 
     transformers lets models share a config object (two models built from one config);
     binding attention sets ``config._attn_implementation`` (the mask builder follows it), which
-    must not change the other model. One deepcopy memo keeps sub-configs consistent: a module
-    holding ``config.text_config`` gets the copy of it that the copied top config holds.
+    must not change the other model, nor the object the user holds. One deepcopy memo keeps
+    sub-configs consistent: a module holding ``config.text_config`` gets the copy of it that
+    the copied top config holds.
     """
     from transformers import PretrainedConfig
 
@@ -259,10 +482,27 @@ def _own_configs(model: nn.Module) -> None:
     for mod in model.modules():
         c = mod.__dict__.get("config")
         if isinstance(c, PretrainedConfig):
+            undo.configs.append((mod, c))
             mod.config = copy.deepcopy(c, memo)  # type: ignore[assignment]  # a plain attribute
 
 
-def _bind(model: nn.Module, plan: KernelPlan, places: list[Place], skipped) -> Binding:
+def _signature_of(fn: Callable[..., Any], original: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` presented as ``original``: its signature (``__signature__``), ``__wrapped__`` and names,
+    for the code that reads a forward's parameters (Trainer, PEFT, ``generate``)."""
+    if getattr(fn, "__wrapped__", None) is original or fn is original:
+        return fn
+    try:
+        fn.__signature__ = inspect.signature(original)  # type: ignore[attr-defined]
+    except (TypeError, ValueError):
+        return fn
+    fn.__wrapped__ = original  # type: ignore[attr-defined]
+    for name in ("__name__", "__qualname__", "__doc__"):
+        setattr(fn, name, getattr(original, name, getattr(fn, name)))
+    return fn
+
+
+def _bind(model: nn.Module, plan: KernelPlan, places: list[Place], skipped, notes: list[str],
+          skip_logits: bool | None) -> Binding:
     # Everything is picked and built before the model is touched: a plan that lacks a kernel,
     # or a forward that cannot be rebound, leaves the model as it was, not half bound.
     edits = Edits()
@@ -278,21 +518,44 @@ def _bind(model: nn.Module, plan: KernelPlan, places: list[Place], skipped) -> B
             edits.forwards.append((m, copy_with_globals(type(m).forward, overrides)))
         except RebindError as e:
             raise BindingError(f"{type(m).__name__}.forward: {e}. {_version_hint()}") from None
-    if "ce" in edits.head:
-        sig = inspect.signature(type(model).forward)
-        edits.forwards.append((model, causal_lm_forward(edits.head["ce"], edits.head.get("lbl"), sig)))
+    for head in edits.head.values():
+        m = head["module"]
+        variant, ce = head["ce"]
+        logits_kernel = ce if variant == "logits" else plan.kernel("cross_entropy", "logits")
+        at = next(p.path for p in places if p.module is m and p.op == "cross_entropy") or "<model>"
+        logits_name = cast(PlanEntry, plan.get("cross_entropy", "logits")).kernel
+        if variant == "fused_linear":
+            notes.append(f"cross_entropy at {at}: fused_linear {plan.get('cross_entropy', variant).kernel} "  # type: ignore[union-attr]
+                         f"(logits=None) when training with labels and autograd on (skip_logits={skip_logits}); "
+                         f"otherwise the model's logits, and the loss from them by {logits_name}")
+        edits.forwards.append((m, causal_lm_forward(
+            library_method(type(m), "forward"), fused=ce if variant == "fused_linear" else None,
+            logits=logits_kernel, lbl=head.get("lbl"), skip_logits=skip_logits, owner=type(m).__name__)))
+    forwards = [(m, _signature_of(fn, library_method(type(m), "forward"))) for m, fn in edits.forwards]
 
     # Now change the model.
-    if edits.mask_names:
-        _own_configs(model)
-    for m, mask in edits.mask_names:
-        cfg = getattr(model, "config", None)
-        sub = getattr(m, "config", None)
-        for c in {id(x): x for x in (cfg, sub) if x is not None}.values():
-            c._attn_implementation = mask
-    for m, fn in edits.forwards:
+    undo = _Undo(model)
+    root_cfg = getattr(model, "config", None)
+    if any(c is not None and c._attn_implementation != mask
+           for m, mask in edits.mask_names for c in (root_cfg, getattr(m, "config", None))):
+        _private_configs(model, undo)
+        root_cfg = getattr(model, "config", None)
+        for m, mask in edits.mask_names:
+            for c in (root_cfg, getattr(m, "config", None)):
+                if c is None:
+                    continue
+                if all(c is not x for x, _ in undo.attn_names):
+                    undo.attn_names.append((c, c._attn_implementation))
+                c._attn_implementation = mask
+        masks = ", ".join(sorted({n for _, n in edits.mask_names}))
+        notes.append(f"model.config (and each module's config) is a private copy made by binding, with "
+                     f"_attn_implementation {masks!r} for the bound attention's masks; the config object you "
+                     "hold is unchanged, and binding.remove() puts it back")
+    for m, fn in forwards:
+        had = "forward" in m.__dict__
+        undo.forwards.append((m, had, m.__dict__.get("forward")))
         m.forward = types.MethodType(fn, m)
-    return Binding(plan, tuple(bound), skipped)
+    return Binding(plan, tuple(bound), skipped, tuple(notes), undo)
 
 
 def _version_hint() -> str:

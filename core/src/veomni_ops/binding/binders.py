@@ -1,9 +1,10 @@
 """One binder per op: where the op lives in a transformers model, and how its kernel goes in.
 
-A :class:`Binder` has two functions. ``find(path, module, survey)`` looks at one module (or,
-for the causal-LM head, the model itself) and returns the :class:`Place` s it offers, with
-the variant and the features the place needs (read from the module, never from the model
-family's name). ``bind(place, kernel, edits)`` records what binding that place changes in
+A :class:`Binder` has two functions. ``find(path, module, survey)`` looks at one module (the
+causal-LM head: any module holding ``lm_head`` and ``model``, so a wrapper's inner model too)
+and returns the :class:`Place` s it offers, with the variant and the features the place needs
+(read from the module's code and attributes, never from its weights or the model family's
+name; a place that cannot take a kernel is returned with ``left`` saying why). ``bind(place, kernel, edits)`` records what binding that place changes in
 :class:`Edits`; nothing is changed until every place of the model has been bound, so a
 failure leaves the model as it was. A new model family or op is one entry in
 :data:`BINDERS`, not another branch.
@@ -45,6 +46,8 @@ class Place:
     info: dict[str, Any] = field(default_factory=dict)
     features: frozenset[str] = frozenset()
     foreign: str | None = None
+    #: set when the module is the op's place but no kernel can go there (why): reported, not bound
+    left: str | None = None
 
 
 @dataclass
@@ -56,8 +59,8 @@ class Edits:
     globals: dict[int, tuple[nn.Module, dict[str, Any]]] = field(default_factory=dict)
     #: (module, transformers attention-mask name) for attention places
     mask_names: list[tuple[nn.Module, str]] = field(default_factory=list)
-    #: the causal-LM head's pieces: "ce" -> (variant, kernel), "lbl" -> kernel
-    head: dict[str, Any] = field(default_factory=dict)
+    #: per causal-LM head (by id of its module): "module", "ce" -> (variant, kernel), "lbl" -> kernel
+    head: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     def override_global(self, module: nn.Module, name: str, value: Any) -> None:
         self.globals.setdefault(id(module), (module, {}))[1][name] = value
@@ -82,14 +85,15 @@ class Survey:
 class Binder:
     """Where one op lives (``find``) and how its kernel goes in (``bind``).
 
-    ``root``: ``find`` looks at the model itself, not at each module. ``method``: what
-    ``bind`` replaces on the place's module (checked for user overrides).
+    ``head``: a causal-LM head op (its places are listed after every other op's, as the
+    head runs last). ``method``: what ``bind`` replaces on the place's module (checked for
+    user overrides).
     """
 
     op: str
     find: Callable[[str, nn.Module, Survey], list[Place]]
     bind: Callable[[Place, Callable, Edits], None]
-    root: bool = False
+    head: bool = False
     method: str = "forward"
 
 
@@ -99,22 +103,24 @@ class Binder:
 
 
 def _probe_rms_variant(m: nn.Module, eps: float) -> str | None:
+    """Which form the module computes, read from its code, not its data: its forward runs on
+    the CPU in float64 with a random stand-in weight (``torch.func.functional_call``), so a
+    module on the meta device (or with any weight values) is probed the same way."""
     w = cast(torch.Tensor, m.weight)
     h = w.shape[0]
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, h, dtype=torch.float64, generator=g)
+    wf = torch.rand(h, dtype=torch.float64, generator=g) + 0.5
     with torch.no_grad():
-        x = torch.randn(3, h, dtype=torch.float32, device=w.device, generator=torch.Generator(w.device).manual_seed(0))
         try:
-            out = m(x.to(w.dtype)).float()
+            out = torch.func.functional_call(m, {"weight": wf}, (x,), strict=False).double()
         except Exception:
             return None
-        xf = x.to(w.dtype).float()
-        xhat = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-        wf = w.float()
-        rtol, atol = (2e-2, 2e-2) if w.dtype in (torch.bfloat16, torch.float16) else (1e-4, 1e-5)
-        if torch.allclose(out, xhat * wf, rtol=rtol, atol=atol):
-            return "standard"
-        if torch.allclose(out, xhat * (1.0 + wf), rtol=rtol, atol=atol):
-            return "offset"
+    xhat = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    if torch.allclose(out, xhat * wf, rtol=1e-4, atol=1e-6):
+        return "standard"
+    if torch.allclose(out, xhat * (1.0 + wf), rtol=1e-4, atol=1e-6):
+        return "offset"
     return None
 
 
@@ -257,19 +263,35 @@ def _find_attention(path: str, m: nn.Module, survey: Survey) -> list[Place]:
 
 
 class _FixedAttention:
-    """Stands in for transformers' attention table inside one model: always our kernel."""
+    """Stands in for transformers' attention table inside one model: always our kernel.
 
-    def __init__(self, kernel: Callable):
+    A kernel that returns no attention weights cannot honour ``output_attentions``: asked
+    for them (the call's keyword, or ``config.output_attentions``), it raises instead of
+    returning ``None`` where the weights should be."""
+
+    def __init__(self, kernel: Callable, kernel_name: str, returns_weights: bool):
         self.kernel = kernel
+        self.fn = kernel if returns_weights else self._guarded
+        self.kernel_name = kernel_name
+
+    def _guarded(self, module, *args, **kwargs):
+        if kwargs.get("output_attentions") or getattr(getattr(module, "config", None), "output_attentions", False):
+            raise ValueError(
+                f"output_attentions=True: the attention kernel {self.kernel_name!r} that veomni-ops bound into "
+                f"{type(module).__name__} returns no attention weights. Bind one that does "
+                "(veomni_ops.apply(model, {'attn_implementation': 'eager'})), or call "
+                "model.veomni_ops_binding.remove() to run transformers' own attention."
+            )
+        return self.kernel(module, *args, **kwargs)
 
     def get_interface(self, name, default=None):
-        return self.kernel
+        return self.fn
 
     def __getitem__(self, name):
-        return self.kernel
+        return self.fn
 
     def get(self, name, default=None):
-        return self.kernel
+        return self.fn
 
 
 def _mask_name(kernel_name: str, kernel: Callable) -> str:
@@ -281,7 +303,9 @@ def _mask_name(kernel_name: str, kernel: Callable) -> str:
 
 
 def _bind_attention(place: Place, kernel: Callable, edits: Edits) -> None:
-    edits.override_global(place.module, "ALL_ATTENTION_FUNCTIONS", _FixedAttention(kernel))
+    name = place.info["kernel_name"]
+    table = _FixedAttention(kernel, name, returns_weights=name == "eager")
+    edits.override_global(place.module, "ALL_ATTENTION_FUNCTIONS", table)
     edits.mask_names.append((place.module, _mask_name(place.info["kernel_name"], kernel)))
 
 
@@ -354,32 +378,57 @@ def head_rescales_logits(model: nn.Module) -> bool:
     return False
 
 
-def _head_bindable(model: nn.Module) -> bool:
-    """Can the core's causal-LM head replace this model's: hidden states and the lm_head weight
-    are at hand, and nothing changes the logits between lm_head and the loss."""
-    lm_head = getattr(model, "lm_head", None)
-    inner = getattr(model, "model", None)
-    return isinstance(lm_head, nn.Linear) and isinstance(inner, nn.Module) and not head_rescales_logits(model)
+def _head_parts(m: nn.Module) -> bool:
+    """Does ``m`` hold a causal-LM head: an ``lm_head`` and an inner ``model`` (its own
+    submodules, not attributes a wrapper forwards)?"""
+    return "lm_head" in m._modules and isinstance(m._modules.get("model"), nn.Module)
 
 
-def _find_head(path: str, model: nn.Module, survey: Survey) -> list[Place]:
-    return [Place("cross_entropy", ("fused_linear", "logits"), "", model)] if _head_bindable(model) else []
+def _head_problem(m: nn.Module) -> str | None:
+    """Why the core's causal-LM head cannot replace this one (``None``: it can): hidden states
+    and the lm_head weight must be at hand, and nothing may change the logits between
+    lm_head and the loss."""
+    lm_head = m._modules["lm_head"]
+    if not isinstance(lm_head, nn.Linear) or type(lm_head) is not nn.Linear and not _plain_linear(lm_head):
+        return (f"lm_head is a {type(lm_head).__module__}.{type(lm_head).__qualname__}, not a plain nn.Linear "
+                "(an adapter on the head, e.g. LoRA on lm_head): the fused loss would skip it")
+    if head_rescales_logits(m):
+        return "the model rescales its logits between lm_head and the loss (soft-capping or a logit scale)"
+    return None
 
 
-def _find_aux_loss(path: str, model: nn.Module, survey: Survey) -> list[Place]:
+def _plain_linear(m: nn.Module) -> bool:
+    return type(m).forward is nn.Linear.forward
+
+
+def _find_head(path: str, m: nn.Module, survey: Survey) -> list[Place]:
+    if not _head_parts(m):
+        return []
+    return [Place("cross_entropy", ("fused_linear", "logits"), path, m, left=_head_problem(m))]
+
+
+def _find_aux_loss(path: str, m: nn.Module, survey: Survey) -> list[Place]:
     """The MoE aux loss, computed by the head (so only where the head is bound)."""
-    fwd = library_method(type(model), "forward")
-    if "load_balancing_loss_func" in code_names(fwd) and "load_balancing_loss_func" in function_globals(fwd):
-        return [Place("load_balancing_loss", "standard", "", model)] if _head_bindable(model) else []
+    if not _head_parts(m):
+        return []
+    try:
+        fwd = library_method(type(m), "forward")
+        names, globs = code_names(fwd), function_globals(fwd)
+    except AttributeError:
+        return []
+    if "load_balancing_loss_func" in names and "load_balancing_loss_func" in globs:
+        why = _head_problem(m)
+        return [Place("load_balancing_loss", "standard", path, m,
+                      left=f"computed by the causal-LM head, which is left: {why}" if why else None)]
     return []
 
 
 def _bind_cross_entropy(place: Place, kernel: Callable, edits: Edits) -> None:
-    edits.head["ce"] = (place.info["chosen_variant"], kernel)
+    edits.head.setdefault(id(place.module), {"module": place.module})["ce"] = (place.info["chosen_variant"], kernel)
 
 
 def _bind_load_balancing(place: Place, kernel: Callable, edits: Edits) -> None:
-    edits.head["lbl"] = kernel
+    edits.head.setdefault(id(place.module), {"module": place.module})["lbl"] = kernel
 
 
 #: Every op binding knows, in the order places are bound.
@@ -389,8 +438,8 @@ BINDERS: tuple[Binder, ...] = (
     Binder("moe_experts", _find_experts, _bind_experts),
     Binder("attention", _find_attention, _bind_attention),
     Binder("rotary", _find_rotary, _bind_rotary),
-    Binder("cross_entropy", _find_head, _bind_cross_entropy, root=True),
-    Binder("load_balancing_loss", _find_aux_loss, _bind_load_balancing, root=True),
+    Binder("cross_entropy", _find_head, _bind_cross_entropy, head=True),
+    Binder("load_balancing_loss", _find_aux_loss, _bind_load_balancing, head=True),
 )
 BY_OP: dict[str, Binder] = {b.op: b for b in BINDERS}
 
@@ -399,13 +448,24 @@ def find_places(model: nn.Module) -> list[Place]:
     """Every place in ``model`` where an op's kernel can be bound (user overrides marked ``foreign``)."""
     survey = Survey(model)
     places: list[Place] = []
-    for path, m in model.named_modules():
-        for b in BINDERS:
-            if not b.root:
-                places += b.find(path, m, survey)
-    for b in BINDERS:
-        if b.root:
-            places += b.find("", model, survey)
+    modules = list(model.named_modules())
+    for head in (False, True):
+        for path, m in modules:
+            places += [p for b in BINDERS if b.head is head for p in b.find(path, m, survey)]
     for p in places:
-        p.foreign = user_override(type(p.module), BY_OP[p.op].method)
+        method = BY_OP[p.op].method
+        p.foreign = user_override(type(p.module), method) or instance_override(p.module, method)
     return places
+
+
+def instance_override(m: nn.Module, method: str) -> str | None:
+    """If other code set ``method`` on this instance (accelerate wraps ``forward`` in autocast
+    that way), what it set; ``None`` if the instance runs its class's method."""
+    value = m.__dict__.get(method)
+    if value is None:
+        return None
+    if getattr(value, "__self__", None) is m and getattr(value, "__func__", None) is getattr(type(m), method, None):
+        return None  # the class's own method, stored on the instance (as unpickling a bound model leaves it)
+    fn = getattr(value, "__func__", value)
+    name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"
+    return f"{name} (set as this instance's {method})"

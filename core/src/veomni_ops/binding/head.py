@@ -1,30 +1,54 @@
-"""The causal-LM head bound by the ``cross_entropy`` binder: the base model, then the loss
-through the plan's kernels (and the MoE auxiliary loss through ``load_balancing_loss``)."""
+"""The causal-LM head bound by the ``cross_entropy`` binder.
+
+Two paths, chosen per call:
+
+* the **fused** path (a ``fused_linear`` kernel: the loss straight from the hidden states
+  and the ``lm_head`` weight, logits never materialised; ``logits`` is ``None``) runs only
+  where that is safe: the model is training, autograd is on, labels are given and a
+  ``ModelOutput`` is asked for (not ``return_dict=False``, whose tuple positions would
+  shift without the logits);
+* otherwise the **logits** path runs the model's own forward (a per-instance copy whose
+  ``load_balancing_loss_func`` is the plan's kernel), so the output is exactly the unbound
+  model's, and adds the loss computed from those logits by the plan's ``logits`` kernel.
+
+``skip_logits=True|False`` (an ``apply`` argument, or a keyword of one call) forces one path.
+The bound forward has the replaced forward's signature (``__signature__``, ``__wrapped__``).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from ..losses import causal_lm_loss_from_logits, causal_lm_loss_fused
 
+#: Keyword arguments of the loss (transformers passes them to ``loss_function`` through ``**kwargs``).
+_LOSS_KWARGS = ("num_items_in_batch", "ignore_index", "shift_labels")
 
-def causal_lm_forward(ce: tuple[str, Callable], lbl: Callable | None,
-                      signature: inspect.Signature) -> Callable[..., Any]:
-    """The causal-LM head: the base model, then the loss through the plan's kernels.
 
-    With a ``fused_linear`` kernel and labels, the logits are never materialised (the
-    returned ``logits`` is None). The auxiliary MoE loss follows transformers: computed
-    when router logits are requested, added to the loss times ``router_aux_loss_coef``.
-    Calling conventions are the replaced forward's: positional arguments are named by its
-    ``signature``, and ``return_dict=False`` (or ``config.return_dict``) gives a tuple.
+def causal_lm_forward(original: Callable[..., Any], *, fused: Callable | None, logits: Callable,
+                      lbl: Callable | None, skip_logits: bool | None = None,
+                      owner: str = "model") -> Callable[..., Any]:
+    """The bound causal-LM forward of one model instance.
+
+    ``original``: the library forward (the function on the class, decorators included).
+    ``fused``: the plan's ``fused_linear`` kernel, or ``None`` (the logits path always runs).
+    ``logits``: the plan's ``logits`` kernel (the loss from logits). ``lbl``: the plan's
+    ``load_balancing_loss`` kernel (MoE models), or ``None``. ``skip_logits``: the default of
+    the per-call switch (``None``: decided per call, as above).
     """
-    from transformers.modeling_outputs import CausalLMOutputWithPast, MoeCausalLMOutputWithPast
+    from .functions import copy_with_globals
 
-    variant, ce_kernel = ce
+    signature = inspect.signature(original)
     kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     positional = [n for n, p in signature.parameters.items() if p.kind in kinds][1:]  # after self
+    model_forward = copy_with_globals(original, {"load_balancing_loss_func": lbl}) if lbl is not None else original
+    out_type = _output_type(signature, lbl is not None)
+    out_fields = tuple(f.name for f in dataclasses.fields(out_type))  # here: dynamo cannot trace fields()
 
     def forward(self, *args, **kwargs):
         if args:
@@ -32,34 +56,80 @@ def causal_lm_forward(ce: tuple[str, Callable], lbl: Callable | None,
         return_dict = kwargs.pop("return_dict", None)
         if return_dict is None:
             return_dict = getattr(self.config, "return_dict", True)
-        out = head(self, **kwargs)
+        skip = kwargs.pop("skip_logits", skip_logits)
+        labels = kwargs.get("labels")
+        want_loss = labels is not None or kwargs.get("shift_labels") is not None
+        if skip is None:
+            skip = (fused is not None and want_loss and bool(return_dict) and self.training
+                    and torch.is_grad_enabled())
+        elif skip:
+            if not want_loss:
+                raise ValueError(f"{owner}: skip_logits=True needs labels (or shift_labels): without them there is "
+                                 "no loss to compute instead of the logits")
+            if fused is None:
+                raise ValueError(f"{owner}: skip_logits=True needs a fused_linear cross-entropy kernel; the plan bound "
+                                 "a logits kernel (name one that provides fused_linear, e.g. "
+                                 "cross_entropy_loss_implementation: chunked)")
+        out = _fused(self, kwargs, fused, lbl, out_type, out_fields) if skip else _with_logits(self, kwargs, model_forward, logits)
         return out if return_dict else out.to_tuple()
 
-    def head(self, input_ids=None, attention_mask=None, labels=None, logits_to_keep=0,
-             output_router_logits=None, **kwargs):
-        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
-        ignore_index = kwargs.pop("ignore_index", -100)
-        shift_labels = kwargs.pop("shift_labels", None)
-        if lbl is not None:
-            if output_router_logits is None:
-                output_router_logits = getattr(self.config, "output_router_logits", False)
-            kwargs["output_router_logits"] = output_router_logits
-        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
-        loss, logits = _loss_and_logits(self.lm_head, variant, ce_kernel, outputs.last_hidden_state, labels,
-                                        shift_labels, logits_to_keep, ignore_index, num_items_in_batch)
-        if lbl is None:
-            return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values,
-                                          hidden_states=outputs.hidden_states, attentions=outputs.attentions)
-        aux_loss = None
-        if output_router_logits:
-            aux_loss = lbl(outputs.router_logits, self.num_experts, self.num_experts_per_tok, attention_mask)
-            if loss is not None:
-                loss = loss + self.router_aux_loss_coef * aux_loss.to(loss.device)
-        return MoeCausalLMOutputWithPast(loss=loss, aux_loss=aux_loss, logits=logits,
-                                         past_key_values=outputs.past_key_values, hidden_states=outputs.hidden_states,
-                                         attentions=outputs.attentions, router_logits=outputs.router_logits)
-
+    forward.__wrapped__ = original  # type: ignore[attr-defined]
+    forward.__signature__ = signature  # type: ignore[attr-defined]
+    for name in ("__name__", "__qualname__", "__doc__", "__module__"):
+        setattr(forward, name, getattr(original, name, getattr(forward, name)))
     return forward
+
+
+def _output_type(signature: inspect.Signature, moe: bool) -> type:
+    from transformers.modeling_outputs import CausalLMOutputWithPast, MoeCausalLMOutputWithPast
+    from transformers.utils import ModelOutput
+
+    ann = signature.return_annotation
+    if isinstance(ann, type) and issubclass(ann, ModelOutput) and dataclasses.is_dataclass(ann) \
+            and "logits" in {f.name for f in dataclasses.fields(ann)}:
+        return ann
+    return MoeCausalLMOutputWithPast if moe else CausalLMOutputWithPast
+
+
+def _with_logits(self, kwargs: dict[str, Any], model_forward: Callable, ce: Callable) -> Any:
+    """The model's own forward without labels (so exactly its outputs), then the loss from its logits."""
+    labels = kwargs.pop("labels", None)
+    out = model_forward(self, **kwargs, return_dict=True)
+    shift_labels = kwargs.get("shift_labels")
+    if labels is None and shift_labels is None:
+        return out
+    loss = causal_lm_loss_from_logits(ce, out.logits, labels, ignore_index=kwargs.get("ignore_index", -100),
+                                      num_items_in_batch=kwargs.get("num_items_in_batch"), shift_labels=shift_labels)
+    aux = getattr(out, "aux_loss", None)
+    if aux is not None:
+        loss = loss + self.router_aux_loss_coef * aux.to(loss.device)
+    return dataclasses.replace(out, loss=loss)
+
+
+def _fused(self, kwargs: dict[str, Any], ce: Callable, lbl: Callable | None, out_type: type,
+           fields: tuple[str, ...]) -> Any:
+    """The base model, then the loss from its last hidden state and the ``lm_head`` weight."""
+    labels = kwargs.pop("labels", None)
+    kwargs.pop("logits_to_keep", None)  # no logits are made
+    ignore_index = kwargs.get("ignore_index", -100)
+    num_items_in_batch = kwargs.get("num_items_in_batch")
+    shift_labels = kwargs.get("shift_labels")
+    if lbl is not None and kwargs.get("output_router_logits") is None:
+        kwargs["output_router_logits"] = getattr(self.config, "output_router_logits", False)
+    for k in _LOSS_KWARGS:  # the base model takes no loss arguments
+        kwargs.pop(k, None)
+    outputs = self.model(**kwargs)
+    loss = causal_lm_loss_fused(ce, outputs.last_hidden_state, self.lm_head.weight, labels, bias=self.lm_head.bias,
+                                ignore_index=ignore_index, num_items_in_batch=num_items_in_batch,
+                                shift_labels=shift_labels)
+    values = {n: getattr(outputs, n) for n in fields if n not in ("loss", "logits", "aux_loss") and hasattr(outputs, n)}
+    if lbl is not None and "aux_loss" in fields:
+        aux = None
+        if kwargs["output_router_logits"]:
+            aux = lbl(outputs.router_logits, self.num_experts, self.num_experts_per_tok, kwargs.get("attention_mask"))
+            loss = loss + self.router_aux_loss_coef * aux.to(loss.device)
+        values["aux_loss"] = aux
+    return out_type(loss=loss, logits=None, **values)
 
 
 def _name_arguments(owner: str, positional: list[str], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -71,21 +141,3 @@ def _name_arguments(owner: str, positional: list[str], args: tuple[Any, ...], kw
         if name in kwargs:
             raise TypeError(f"{owner}.forward() got multiple values for argument {name!r}")
         kwargs[name] = value
-
-
-def _loss_and_logits(lm_head: Any, variant: str, ce_kernel: Callable, hidden: Any, labels: Any, shift_labels: Any,
-                     logits_to_keep: Any, ignore_index: int, num_items_in_batch: Any) -> tuple[Any, Any]:
-    """``(loss, logits)``: with a ``fused_linear`` kernel and labels, the loss from the hidden states and
-    no logits; else the logits of the kept positions, and the loss from them where there are labels."""
-    want_loss = labels is not None or shift_labels is not None
-    if want_loss and variant == "fused_linear":
-        loss = causal_lm_loss_fused(ce_kernel, hidden, lm_head.weight, labels, bias=lm_head.bias,
-                                    ignore_index=ignore_index, num_items_in_batch=num_items_in_batch,
-                                    shift_labels=shift_labels)
-        return loss, None
-    sl = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-    logits = lm_head(hidden[:, sl, :])
-    if not want_loss:
-        return None, logits
-    return causal_lm_loss_from_logits(ce_kernel, logits, labels, ignore_index=ignore_index,
-                                      num_items_in_batch=num_items_in_batch, shift_labels=shift_labels), logits
