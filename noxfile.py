@@ -33,7 +33,7 @@ def _transformers_range() -> tuple[str, str]:
 MIN_TRANSFORMERS, BELOW_TRANSFORMERS = _transformers_range()
 TEST_DEPS = ["pytest>=8", f"transformers>={MIN_TRANSFORMERS},<{BELOW_TRANSFORMERS}"]
 
-nox.options.sessions = ["lint", "core", "plugin", "template", "packaging", "integration", "binding", "demo"]
+nox.options.sessions = ["lint", "core", "plugin", "template", "packaging", "integration", "binding", "veomni", "demo"]
 nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = False
 
@@ -116,6 +116,23 @@ def binding(session: nox.Session, transformers: str) -> None:
     # A release newer than the range: test it anyway (the refusal a user would get is tested in core).
     env = {"TRITON_INTERPRET": "1", "VEOMNI_OPS_ALLOW_TRANSFORMERS": version}
     session.run("pytest", "tests/models", "-q", *session.posargs, env=env)
+
+
+#: VeOmni from the package index, as a client (tests/veomni): the release tested, and the
+#: transformers release it imports against (0.1.12 imports a class transformers 5.24 removed).
+VEOMNI = "veomni==0.1.12"
+VEOMNI_TRANSFORMERS = "transformers==5.17.0"
+
+
+@nox.session
+def veomni(session: nox.Session) -> None:
+    """VeOmni's own model builder as a client, in an environment of its own (importing VeOmni
+    patches transformers for the whole process). VeOmni is installed without its dependencies
+    (it pins a CUDA torch and packaging<26); what it imports on the CPU is installed beside it."""
+    session.install(TORCH)
+    session.install("-e", "core", "pytest>=8", "psutil", VEOMNI_TRANSFORMERS)
+    session.install("--no-deps", VEOMNI)
+    session.run("pytest", "tests/veomni", "-q", *session.posargs)
 
 
 @nox.session(default=False)

@@ -8,6 +8,7 @@ bound module runs a *copy* of that function whose globals name the plan's kernel
 from __future__ import annotations
 
 import inspect
+import re
 import types
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -15,6 +16,11 @@ from typing import Any
 #: Modules whose classes binding may replace methods of: transformers itself, and the
 #: ``trust_remote_code`` modules it loads (``transformers_modules.<repo>``).
 LIBRARY_PREFIXES = ("transformers.", "transformers_modules.")
+#: VeOmni's model classes: generated copies of transformers' modeling code, with VeOmni's
+#: kernel slots (``OpSlot``) in them (``veomni/models/transformers/<model>/generated/
+#: patched_modeling_<model>_<device>.py``). Library code too: binding replaces their methods
+#: as it does transformers' (each slot's code is replaced with the method that holds it).
+GENERATED_LIBRARY = re.compile(r"^veomni\.models\.transformers\.\w+\.generated\.patched_modeling_\w+$")
 
 
 class RebindError(ValueError):
@@ -66,7 +72,8 @@ def owner(cls: type, method: str) -> type | None:
 
 
 def _is_library(c: type) -> bool:
-    return c.__module__.startswith(LIBRARY_PREFIXES) or c.__module__ == "transformers"
+    mod = c.__module__
+    return mod.startswith(LIBRARY_PREFIXES) or mod == "transformers" or GENERATED_LIBRARY.match(mod) is not None
 
 
 def library_method(cls: type, method: str) -> Callable[..., Any]:

@@ -46,7 +46,7 @@ def causal_lm_forward(original: Callable[..., Any], *, fused: Callable | None, l
     signature = inspect.signature(original)
     kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     positional = [n for n, p in signature.parameters.items() if p.kind in kinds][1:]  # after self
-    model_forward = copy_with_globals(original, {"load_balancing_loss_func": lbl}) if lbl is not None else original
+    model_forward = copy_with_globals(original, _aux_overrides(original, lbl)) if lbl is not None else original
     out_type = _output_type(signature, lbl is not None)
     out_fields = tuple(f.name for f in dataclasses.fields(out_type))  # here: dynamo cannot trace fields()
 
@@ -78,6 +78,25 @@ def causal_lm_forward(original: Callable[..., Any], *, fused: Callable | None, l
     for name in ("__name__", "__qualname__", "__doc__", "__module__"):
         setattr(forward, name, getattr(original, name, getattr(forward, name)))
     return forward
+
+
+class _UnboundSlot:
+    """Stands in for a VeOmni ``OpSlot`` in a copied forward: never takes its non-eager branch."""
+
+    use_non_eager_impl = False
+
+
+def _aux_overrides(original: Callable[..., Any], lbl: Callable) -> dict[str, Any]:
+    """The globals that make the model's own forward compute the auxiliary loss with ``lbl``:
+    transformers' ``load_balancing_loss_func``; in VeOmni's generated classes also its
+    load-balancing slot, which would otherwise take VeOmni's kernel when one is bound."""
+    from .functions import function_globals
+
+    out: dict[str, Any] = {"load_balancing_loss_func": lbl}
+    for name, value in function_globals(original).items():
+        if "load_balancing" in name and hasattr(value, "use_non_eager_impl"):
+            out[name] = _UnboundSlot()
+    return out
 
 
 def _output_type(signature: inspect.Signature, moe: bool) -> type:
