@@ -118,7 +118,7 @@ def binding(session: nox.Session, transformers: str) -> None:
     session.run("pytest", "tests/models", "-q", *session.posargs, env=env)
 
 
-#: VeOmni from the package index, as a client (tests/veomni): the release tested, and the
+#: VeOmni from the package index, as a client (tests/veomni_client): the release tested, and the
 #: transformers release it imports against (0.1.12 imports a class transformers 5.24 removed).
 VEOMNI = "veomni==0.1.12"
 VEOMNI_TRANSFORMERS = "transformers==5.17.0"
@@ -132,7 +132,7 @@ def veomni(session: nox.Session) -> None:
     session.install(TORCH)
     session.install("-e", "core", "pytest>=8", "psutil", VEOMNI_TRANSFORMERS)
     session.install("--no-deps", VEOMNI)
-    session.run("pytest", "tests/veomni", "-q", *session.posargs)
+    session.run("pytest", "tests/veomni_client", "-q", *session.posargs)
 
 
 @nox.session(default=False)
