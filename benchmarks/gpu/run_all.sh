@@ -6,7 +6,7 @@
 #   benchmarks/gpu/run_all.sh check     veomni-ops plugins; veomni-ops check per distribution
 #                                       (two at a time: correctness only, no timing); with
 #                                       COMPILE=1 each also under torch.compile (check --compile)
-#   benchmarks/gpu/run_all.sh bench-a   veomni-ops bench: seed, lbl-48, attn   (one at a time)
+#   benchmarks/gpu/run_all.sh bench-a   veomni-ops bench: seed, lbl-48, attn, attn-30b-a3b
 #   benchmarks/gpu/run_all.sh bench-b   veomni-ops bench: moe-30b-a3b, flce-8k/16k/32k
 #   benchmarks/gpu/run_all.sh bench-c   veomni-ops bench: rope-qwen35, lbl-48-masked, host (opt-in presets)
 #
@@ -43,7 +43,7 @@ check)
   cat "$R/check-exit.txt"
   ;;
 bench-a)
-  timeout "$T" veomni-ops bench --preset seed --preset lbl-48 --preset attn "${BENCH[@]}" \
+  timeout "$T" veomni-ops bench --preset seed --preset lbl-48 --preset attn --preset attn-30b-a3b "${BENCH[@]}" \
     --json "$R/bench-a.json" 2>&1 | tee "$R/bench-a.log"
   ;;
 bench-b)

@@ -203,6 +203,23 @@ def test_presets():
         B.workloads(["nope"])
 
 
+def test_attention_preset_with_qwen3_30b_a3b_heads():
+    """attn-30b-a3b: the attn preset's tokens with Qwen3-30B-A3B's heads (32 q / 4 kv of 128), in the default run."""
+    (w,) = B.workloads(["attn-30b-a3b"])
+    (base,) = B.workloads(["attn"])
+    assert (w.op, w.variant, w.dtype, w.metric) == ("attention", "standard", "bfloat16", "flops")
+    assert {k: w.shape[k] for k in ("q_heads", "kv_heads", "head_dim", "causal")} == \
+        {"q_heads": 32, "kv_heads": 4, "head_dim": 128, "causal": 1}
+    assert (w.shape["batch"], w.shape["seq"]) == (base.shape["batch"], base.shape["seq"])
+    # FLOPs depend on the query heads only: the same as attn's (32 q heads), for fwd and fwd+bwd
+    assert w.amount("fwd") == base.amount("fwd") and w.amount("fwd+bwd") == 3.5 * w.amount("fwd")
+    assert "attn-30b-a3b" in B.GPU_DEFAULT
+    inputs, diff = B.build_inputs(B.Workload("t", "attention", "standard", "float32", dict(w.shape, batch=1, seq=8),
+                                             "flops", "attention"), "cpu")
+    assert diff == ("query", "key", "value")
+    assert inputs["query"].shape == (1, 32, 8, 128) and inputs["key"].shape == (1, 4, 8, 128)
+
+
 def test_presets_folded_from_the_gpu_scripts():
     """The shapes the plugins' GPU scripts measured are presets now (opt-in: not in the default run)."""
     (rope,) = B.workloads(["rope-qwen35"])

@@ -49,7 +49,19 @@ def test_three_attention_specs():
         assert [Requirement(r).name for r in s.requires] == [PACKAGES[v].distribution]
         assert PACKAGES[v].distribution in s.install_hint or "pip install" in s.install_hint
         assert s.tolerance("bfloat16").atol > s.tolerance("float16").atol
-    assert [got[f"flash_attention_{v}"].priority for v in (4, 3, 2)] == [40, 35, 30]
+    assert [got[f"flash_attention_{v}"].priority for v in (4, 3, 2)] == [40, 35, 5]
+
+
+def test_fa2_ranks_below_sdpa_and_above_eager():
+    """Measured on an H100 (2026-11-26): sdpa 1.55x faster than FA2 fwd+bwd, so auto prefers sdpa; FA2 still
+    beats eager for the layers sdpa cannot serve (softcap)."""
+    from veomni_ops.backends import reference
+
+    core = {s.name: s.priority for s in reference.attention()}
+    fa2 = all_specs()["flash_attention_2"]
+    assert core["eager"] < fa2.priority < core["sdpa"] < all_specs()["flash_attention_4"].priority
+    assert "softcap" in fa2.features and "softcap" not in next(s for s in reference.attention() if s.name == "sdpa").features
+    assert Requirement(fa2.requires[0]).specifier.contains("2.8.3.post2")
 
 
 def test_fa4_requirement_admits_the_beta_it_was_written_for():
@@ -198,3 +210,42 @@ def test_fa4_alone_as_namespace_package():
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["ns"] is True and got["fa4"] == "fa4_func"
     assert "'flash-attn' package" in got["fa2"] and "namespace package" in got["fa2"]
+
+
+def _fake_fa4_metadata(root, init_bytes: bytes) -> None:
+    """A flash-attn-4 dist-info whose RECORD hashes flash_attn/cute/__init__.py as ``init_bytes``."""
+    import base64
+    import hashlib
+
+    info = root / "flash_attn_4-4.0.0b36.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: flash-attn-4\nVersion: 4.0.0b36\n")
+    digest = base64.urlsafe_b64encode(hashlib.sha256(init_bytes).digest()).rstrip(b"=").decode()
+    (info / "RECORD").write_text(f"flash_attn/cute/__init__.py,sha256={digest},{len(init_bytes)}\n"
+                                 "flash_attn_4-4.0.0b36.dist-info/RECORD,,\n")
+
+
+@pytest.mark.parametrize("overwritten", [False, True])
+def test_fa4_refuses_flash_attn_cute_overwritten_by_fa2(tmp_path, overwritten):
+    """flash-attn 2.8.3's wheel ships an older flash_attn/cute (seen in the H100 build, 2026-11-26):
+    installed after flash-attn-4 it replaces FA4's files; the kernel then refuses to load."""
+    init = os.path.join(FA4_ONLY, "flash_attn", "cute", "__init__.py")
+    with open(init, "rb") as f:
+        data = f.read()
+    _fake_fa4_metadata(tmp_path, data + b"# flash-attn 2.x's copy\n" if overwritten else data)
+    code = (
+        "import json\n"
+        "try:\n"
+        "    from veomni_flash.kernels.fa4 import BACKEND\n"
+        "    print(json.dumps({'ok': BACKEND.flash_attn_func.__name__}))\n"
+        "except ImportError as e:\n"
+        "    print(json.dumps({'error': str(e)}))\n"
+    )
+    r = _run(code, [str(tmp_path), FA4_ONLY, STANDINS])
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    if overwritten:
+        assert "is not flash-attn-4 4.0.0b36's file" in got["error"], got
+        assert "pip install --force-reinstall --no-deps flash-attn-4" in got["error"]
+    else:
+        assert got == {"ok": "fa4_func"}

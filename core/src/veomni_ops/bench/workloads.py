@@ -170,6 +170,10 @@ PRESETS: dict[str, tuple[str, Callable[[str], list[Workload]]]] = {
     "attn": ("attention: batch 4, seq 4096, 32 q / 8 kv heads, head dim 128, causal, model layout; bf16",
              lambda p: [_w(p, "attention", "standard", "bfloat16", "flops", batch=4, q_heads=32, kv_heads=8,
                            seq=4096, head_dim=128, causal=1)]),
+    "attn-30b-a3b": ("attention with Qwen3-30B-A3B's heads: batch 4, seq 4096, 32 q / 4 kv heads, head dim 128, "
+                     "causal, model layout; bf16",
+                     lambda p: [_w(p, "attention", "standard", "bfloat16", "flops", batch=4, q_heads=32, kv_heads=4,
+                                   seq=4096, head_dim=128, causal=1)]),
     "lbl-48-masked": ("load-balancing loss as lbl-48 with a padding mask: 48 layers x batch 4 x seq 2048, the last "
                       "eighth of every sequence padded; fp32 router logits",
                       lambda p: [_w(p, "load_balancing_loss", "standard", "float32", "bytes", layers=48, tokens=8192,
@@ -182,7 +186,7 @@ PRESETS: dict[str, tuple[str, Callable[[str], list[Workload]]]] = {
              "per call (checks, dispatch, autograd, launch); bf16", _host),
     "cpu-small": ("every op at small shapes (runs anywhere; the default on the CPU)", _cpu_small),
 }
-GPU_DEFAULT = ("seed", "moe-30b-a3b", "flce-8k", "flce-16k", "flce-32k", "lbl-48", "attn")
+GPU_DEFAULT = ("seed", "moe-30b-a3b", "flce-8k", "flce-16k", "flce-32k", "lbl-48", "attn", "attn-30b-a3b")
 CPU_DEFAULT = ("cpu-small",)
 
 

@@ -43,10 +43,13 @@ PACKAGES: dict[int, FlashPackage] = {
     2: FlashPackage(
         version=2,
         distribution="flash-attn",
-        requirement="flash-attn>=2.6",
+        requirement="flash-attn>=2.8.3",  # the release run on the H100 (2.8.3.post2); softcap needs >= 2.6
         module="flash_attn",
         extra="fa2",
-        install='pip install "flash-attn>=2.6" --no-build-isolation  (compiles from source against your torch/CUDA)',
+        install=(
+            'pip install "flash-attn>=2.8.3" --no-build-isolation  (compiles from source against your torch/CUDA; '
+            "veomni-flash's gpu/build_fa2.sh builds sm90 only)"
+        ),
     ),
     3: FlashPackage(
         version=3,

@@ -3,7 +3,9 @@
 Imports veomni_ops and this package's name table only: no torch, no transformers, no flash
 package. Each kernel is imported by its factory once a config selects it.
 
-Hardware ranges come from the packages' own sources (read, not yet run on every card):
+Hardware ranges come from the packages' own sources (read, not yet run on every card). Run on an
+H100 (sm 9.0), 2026-11-26: FA2 (flash-attn 2.8.3.post2, built from the sdist) and FA4; FA3 was not
+built there (benchmarks/results/h100-2026-11-26-flash/README.md says why).
 
 * FA2 (``flash-attn``): its C++ API checks ``major >= 8`` and nothing above; its setup builds
   sm80/sm90 (and sm100/sm110/sm120 with CUDA >= 12.8) plus PTX of the newest arch for forward
@@ -70,10 +72,13 @@ def attention() -> list[KernelSpec]:
             priority=35, hardware=HardwareRequirement(("cuda",), min_capability=(8, 0), max_capability=(9, 0)),
             **_package(3),
         ),
+        # Priority 5, below the core's sdpa (10): on an H100 (2026-11-26, flash-attn 2.8.3.post2, torch 2.11
+        # cu130) sdpa (cuDNN) ran the attn preset 1.55x faster forward+backward (4.07 vs 6.30 ms) and
+        # 1.53x forward; FA4 1.72x. auto takes FA2 where sdpa cannot serve the layer (softcap), or by name.
         _FLASH.spec(
             "attention", "standard", "fa2:flash_attention_2",
             "FlashAttention-2 (flash_attn): Ampere and newer, GQA, varlen, dropout",
-            priority=30, hardware=HardwareRequirement(("cuda",), min_capability=(8, 0)),
+            priority=5, hardware=HardwareRequirement(("cuda",), min_capability=(8, 0)),
             features=("softcap", "sliding_window", "dropout"), **_package(2),
         ),
     ]

@@ -6,9 +6,13 @@ object with ``flash_attn_func`` / ``flash_attn_varlen_func`` (and ``flash_attn_w
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from ..packages import PACKAGES
@@ -42,6 +46,37 @@ def _missing(version: int, detail: str, cause: BaseException | None = None) -> I
     return err
 
 
+def fa4_files_overwritten(mod: Any) -> str | None:
+    """Why ``flash_attn.cute`` is not flash-attn-4's own code, or None.
+
+    flash-attn 2.x wheels (2.8.3.post2 too) ship an older ``flash_attn/cute`` (its 0.1.0 prototype,
+    21 files) at the paths flash-attn-4 installs: ``pip install flash-attn`` after flash-attn-4
+    overwrites FA4's ``__init__.py``, ``interface.py`` and kernels with it (and uninstalling
+    flash-attn deletes them). Compared: the imported ``flash_attn/cute/__init__.py`` against the
+    hash flash-attn-4's RECORD gives for it. No flash-attn-4 metadata (a copy on ``PYTHONPATH``)
+    or no hash recorded: nothing to compare, None.
+    """
+    try:
+        dist = metadata.distribution(PACKAGES[4].distribution)
+    except metadata.PackageNotFoundError:
+        return None
+    init = getattr(mod, "__file__", None)
+    rec = next((f for f in dist.files or () if f.as_posix() == "flash_attn/cute/__init__.py"), None)
+    if init is None or rec is None or rec.hash is None:
+        return None
+    try:
+        digest = hashlib.new(rec.hash.mode, Path(init).read_bytes()).digest()
+    except (OSError, ValueError):
+        return None
+    if base64.urlsafe_b64encode(digest).rstrip(b"=").decode() == rec.hash.value:
+        return None
+    return (
+        f"{init} is not flash-attn-4 {dist.version}'s file (its RECORD hash differs): flash-attn 2.x ships an "
+        "older flash_attn/cute and overwrites flash-attn-4's when installed after it. Reinstall flash-attn-4 "
+        "last: pip install --force-reinstall --no-deps flash-attn-4"
+    )
+
+
 def load_flash_backend(version: int) -> FlashBackend:
     """Import FA ``version`` (2, 3 or 4). A missing or broken package raises an ImportError
     that names the distribution to install."""
@@ -54,6 +89,10 @@ def load_flash_backend(version: int) -> FlashBackend:
         raise _missing(version, f"importing {pkg.module} failed ({type(e).__name__}: {e})", e) from e
     except Exception as e:  # a half-built extension raises OSError/RuntimeError at import
         raise _missing(version, f"importing {pkg.module} raised {type(e).__name__}: {e}", e) from e
+    if version == 4:
+        why = fa4_files_overwritten(mod)
+        if why is not None:
+            raise _missing(version, why)
     func = getattr(mod, "flash_attn_func", None)
     varlen = getattr(mod, "flash_attn_varlen_func", None)
     if func is None or varlen is None:
