@@ -228,7 +228,8 @@ def _run(job: dict[str, Any], rt, a, name: str) -> None:
     out = sys.stderr if rank == 0 else open(os.devnull, "w")
     model, facts = _prepare(job, None, device, getattr(torch, t["dtype"]), out, rt)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=float(t["lr"]))
+    opts = rt.optimizer_options() if rt is not None and hasattr(rt, "optimizer_options") else {}  # as _train
+    opt = torch.optim.AdamW(model.parameters(), lr=float(t["lr"]), **opts)
     b, s = int(t["batch_size"]), int(t["seq_len"])
     batches = list(synthetic_batches(model.config.vocab_size, b, s, a.steps + a.profile_steps, t["seed"], device))
     losses: list[float] = []

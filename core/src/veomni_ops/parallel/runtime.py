@@ -72,6 +72,7 @@ class ParallelRuntime:
         self.ep_even_dispatch = True
         self._expert_modules: list[nn.Module] = []
         self._expert_params: set[str] = set()
+        self.fsdp_facts: dict[str, Any] = {}
 
     # -- start and end ------------------------------------------------------------------------
     @classmethod
@@ -227,7 +228,8 @@ class ParallelRuntime:
                                       "bound, so they would not be expert-parallel")
         if self.dense_mesh is None:
             raise RuntimeError("ParallelRuntime.parallelize needs the started runtime (start() or `with runtime:`)")
-        return shard_model(model, self.dense_mesh, dtype, self._expert_modules, self.expert_mesh)
+        self.fsdp_facts = shard_model(model, self.dense_mesh, dtype, self._expert_modules, self.expert_mesh)
+        return model
 
     def _note_batch(self, module, args, kwargs):
         """Forward pre-hook (ep > 1): is this forward fed with ``shard_batch``'s input_ids? Then
@@ -309,7 +311,14 @@ class ParallelRuntime:
                 f"{self.device}, backend {self.backend}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.layout.to_dict(), "backend": self.backend}
+        return {**self.layout.to_dict(), "backend": self.backend, **({"fsdp": self.fsdp_facts} if self.fsdp_facts else {})}
+
+    def optimizer_options(self) -> dict[str, Any]:
+        """Keyword arguments for the job's ``torch.optim.AdamW``: on CUDA the fused implementation
+        (one kernel and one DTensor dispatch for all parameters, where the default runs a dozen
+        ``_foreach`` ops, each dispatched through DTensor: host time the profile showed); the same
+        update rule."""
+        return {"fused": True} if self.device.startswith("cuda") else {}
 
 
 def _sp_input_check(sp: int):
