@@ -228,8 +228,9 @@ def _run(job: dict[str, Any], rt, a, name: str) -> None:
     out = sys.stderr if rank == 0 else open(os.devnull, "w")
     model, facts = _prepare(job, None, device, getattr(torch, t["dtype"]), out, rt)
     model.train()
-    opts = rt.optimizer_options() if rt is not None and hasattr(rt, "optimizer_options") else {}  # as _train
-    opt = torch.optim.AdamW(model.parameters(), lr=float(t["lr"]), **opts)
+    lr = float(t["lr"])
+    # as loop._train builds it (a runtime from before issue 23 has no adamw())
+    opt = rt.adamw(model, lr) if hasattr(rt, "adamw") else torch.optim.AdamW(model.parameters(), lr=lr)
     b, s = int(t["batch_size"]), int(t["seq_len"])
     batches = list(synthetic_batches(model.config.vocab_size, b, s, a.steps + a.profile_steps, t["seed"], device))
     losses: list[float] = []

@@ -137,7 +137,8 @@ def _train(job: dict[str, Any], out, baseline: str | None = None, rt=None) -> di
     dtype = getattr(torch, t["dtype"])
     model, facts = _prepare(job, baseline, device, dtype, out, rt)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=float(t["lr"]), **(rt.optimizer_options() if rt is not None else {}))
+    lr = float(t["lr"])
+    opt = torch.optim.AdamW(model.parameters(), lr=lr) if rt is None else rt.adamw(model, lr)
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     steps, b, s = int(t["steps"]), int(t["batch_size"]), int(t["seq_len"])
