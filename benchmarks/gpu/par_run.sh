@@ -13,7 +13,7 @@
 set -u
 CODE=$1; TAG=$2; shift 2
 OUT=${OUT:-$PWD/gpu-results}; RES=$OUT/$TAG; mkdir -p "$RES"
-CFG=benchmarks/results/h100x2-2026-11-26-parallel/configs
+CFG=benchmarks/results/h200x2-2026-11-26-parallel/configs
 DEADLINE=${DEADLINE:-$(( $(date +%s) + 540 ))}
 SITE=/tmp/site-$TAG
 STEPS=${STEPS:-14}
