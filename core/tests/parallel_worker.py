@@ -11,7 +11,9 @@ to ``OUT_DIR/<name>.pt``. The optimizer is plain SGD by default: AdamW's first s
 would hide what the comparison is for (``"opt": "adamw"`` for the real one). The single-process reference (:func:`run_reference`) is in this
 module too, so both sides build the same model from the same seed and data.
 
-A scenario may ask a rank to fail (``"fail": {"rank": 1, "step": 1}``) to test fault handling.
+``"ep_counted": true`` makes expert parallelism take its counted exchange (tokens only to the
+ranks owning their experts; a host sync a layer) instead of the even one the runtime's batches
+allow. A scenario may ask a rank to fail (``"fail": {"rank": 1, "step": 1}``) to test fault handling.
 """
 
 from __future__ import annotations
@@ -107,6 +109,7 @@ def run_parallel(sc: dict[str, Any], out_dir: str) -> None:
         if rt.rank == 0:
             print(f"== {sc['name']}\n{binding.plan.table()}\n{rt.describe()}", flush=True)
         rt.parallelize(model, binding, getattr(torch, sc.get("dtype", "float32")))
+        rt.ep_even_dispatch = not sc.get("ep_counted")  # the counted exchange (a host sync a layer) when asked
         opt = optimizer(model, sc)
         losses, grads = [], []
         fail = sc.get("fail") or {}
@@ -120,14 +123,15 @@ def run_parallel(sc: dict[str, Any], out_dir: str) -> None:
             opt.zero_grad(set_to_none=True)
             losses.append(rt.global_loss(out.loss))
         params = rt.gather_full(model)
-        received = torch.zeros(rt.world_size, dtype=torch.long)
+        received = torch.zeros(2, rt.world_size, dtype=torch.long)  # rows received, calls by the even exchange
         entry = binding.plan.get("moe_experts", "standard")
         if entry is not None and hasattr(entry.fn, "veomni_ops_ep"):
-            received[rt.rank] = entry.fn.veomni_ops_ep["stats"]["received_rows"]
+            stats = entry.fn.veomni_ops_ep["stats"]
+            received[:, rt.rank] = torch.tensor([stats["received_rows"], stats["even_calls"]])
         torch.distributed.all_reduce(received)
         if rt.rank == 0:
-            torch.save({"losses": losses, "grads": grads, "params": params, "received_rows": received.tolist(),
-                        "plan": binding.plan.to_dict()},
+            torch.save({"losses": losses, "grads": grads, "params": params, "received_rows": received[0].tolist(),
+                        "even_calls": received[1].tolist(), "plan": binding.plan.to_dict()},
                        os.path.join(out_dir, f"{sc['name']}.pt"))
 
 

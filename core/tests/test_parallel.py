@@ -273,6 +273,36 @@ def test_expert_wrapper_dispatches_and_keeps_the_sentinel(one_rank_group):
     grads = torch.autograd.grad(out.sum(), [gu, dn, hidden])
     assert all(x is not None and not x.any() for x in grads)
     assert wrapped.veomni_ops_ep["stats"]["calls"] == 2
+    # the even exchange (every rank holds t tokens: no counts, no host sync) gives the same
+    even = expert_parallel(moe_experts_eager, one_rank_group, 1, "eager", even_tokens=lambda: t)
+    got = even(hidden, idx, w, gu, dn)
+    (ge,) = torch.autograd.grad(got.square().sum(), [gu])
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(ge, gw)
+    assert even.veomni_ops_ep["stats"]["even_calls"] == 1
+
+
+@pytest.mark.parametrize("bad", [-2, 5, 4 + 7])
+def test_expert_wrapper_refuses_indices_outside_the_experts(one_rank_group, bad):
+    """Only -1 and E route nowhere; any other index outside [0, E) is a routing bug, and the
+    wrapper raises the plain kernel's error (it used to drop such routes silently)."""
+    from veomni_ops.kernels.moe import moe_experts_eager
+    from veomni_ops.parallel.expert import expert_parallel
+
+    g = torch.Generator().manual_seed(1)
+    t, h, e, i, k = 5, 8, 4, 6, 2
+    hidden, w = torch.randn(t, h, generator=g), torch.rand(t, k, generator=g)
+    gu, dn = torch.randn(e, 2 * i, h, generator=g), torch.randn(e, h, i, generator=g)
+    idx = torch.randint(0, e, (t, k), generator=g)
+    idx[2, 1] = bad
+    with pytest.raises(ValueError) as plain:
+        moe_experts_eager(hidden, idx, w, gu, dn)
+    for even in (None, lambda: t):
+        wrapped = expert_parallel(moe_experts_eager, one_rank_group, 1, "eager", even_tokens=even)
+        with pytest.raises(ValueError) as got:
+            wrapped(hidden, idx, w, gu, dn)
+        assert str(got.value) == str(plain.value)
+        assert f"holds {bad}, outside [0, {e})" in str(got.value)
 
 
 # ----------------------------------------------------------------------------------------
@@ -343,7 +373,8 @@ WORLD2 = [
     _scenario("sp_dense_packed_eager", "qwen3", {"sp": 2}, ops=EAGER_ATTN, seq=17, packed=[5, 11]),
     _scenario("fsdp_ep_moe", "qwen3_moe", {"dp_shard": 2, "ep": 2}),
     # experts 4..7 get no token, so rank 1 (which owns them) receives none; the sequence is odd
-    _scenario("sp_ep_skewed_odd", "qwen3_moe", {"sp": 2, "ep": 2}, seq=15, route_to_first_half=True),
+    # (the counted exchange: a rank receives only the tokens of its experts)
+    _scenario("sp_ep_skewed_odd", "qwen3_moe", {"sp": 2, "ep": 2}, seq=15, route_to_first_half=True, ep_counted=True),
     # bfloat16: FSDP keeps float32 shards and computes in bfloat16 (one process: bfloat16 weights); the
     # plan takes grouped_mm for the experts, which runs under EP too
     _scenario("bf16_sp_ep_grouped_mm", "qwen3_moe", {"sp": 2, "ep": 2}, dtype="bfloat16", opt="adamw", steps=3),
@@ -365,6 +396,10 @@ def world4(tmp_path_factory):
     return run_scenarios(4, WORLD4, tmp_path_factory.mktemp("world4"))
 
 
+#: bfloat16: the first step's gradients, ||parallel - one process|| / ||one process|| per parameter
+BF16_GRAD_TOL = 2e-2
+
+
 def assert_same_as_one_process(sc: dict, got: dict) -> None:
     ref = W.run_reference(sc)
     assert len(got["losses"]) == len(ref["losses"]) == sc["steps"]
@@ -373,6 +408,18 @@ def assert_same_as_one_process(sc: dict, got: dict) -> None:
         assert kernels[0] == kernels[1] and kernels[0]["moe_experts"] == "grouped_mm", kernels
         for a, b in zip(got["losses"], ref["losses"]):
             assert abs(a - b) <= 2e-2 * max(1.0, abs(b)), (got["losses"], ref["losses"])
+        # The losses alone would pass with Ulysses removed or the gradients halved (AdamW's update
+        # hardly depends on the gradient's scale). Before the first update both sides hold the same
+        # bfloat16 weights, so the first step's gradients must agree to bfloat16 rounding.
+        have_all, want_all = got["grads"][0], ref["grads"][0]
+        assert set(have_all) == set(want_all), set(have_all) ^ set(want_all)
+        for name, want in want_all.items():
+            have, want = have_all[name].double(), want.double()
+            assert have.shape == want.shape, name
+            err = float((have - want).norm())
+            scale = float(want.norm())
+            assert scale > 0 and err <= BF16_GRAD_TOL * scale, \
+                f"{sc['name']}: first step's gradient of {name} differs by {err:.3g} (norm {scale:.3g})"
         return
     for a, b in zip(got["losses"], ref["losses"]):
         assert abs(a - b) <= 1e-5 * max(1.0, abs(b)), (got["losses"], ref["losses"])
@@ -394,6 +441,8 @@ def assert_same_as_one_process(sc: dict, got: dict) -> None:
 def test_two_ranks_match_one_process(world2, sc):
     got = world2[sc["name"]]
     assert_same_as_one_process(sc, got)
+    if sc["arch"] == "qwen3_moe":  # the runtime's batches take the even exchange unless told otherwise
+        assert got["even_calls"] == ([0, 0] if sc.get("ep_counted") else [sc["steps"] * 2] * 2), got["even_calls"]
     if sc["name"] == "sp_ep_skewed_odd":
         assert got["received_rows"][1] == 0 and got["received_rows"][0] > 0  # rank 1 received no token
         for name, g in got["grads"][0].items():
@@ -407,6 +456,7 @@ def test_four_ranks_match_one_process(world4, sc):
     got = world4[sc["name"]]
     assert_same_as_one_process(sc, got)
     assert all(r > 0 for r in got["received_rows"])
+    assert got["even_calls"] == [sc["steps"] * 2] * 4, got["even_calls"]  # 2 MoE layers a step
 
 
 @pytest.mark.parallel

@@ -9,12 +9,24 @@ count), so the sum is the single-process gradient.
 Mixed precision follows the job's dtype: for bfloat16/float16 the sharded parameters are kept
 in float32 (the optimizer's master copy), gathered and computed in the job's dtype, and
 gradients are reduced in float32. For float32 nothing is cast.
+
+Overlap (issue 23's profile: a small model's step is bound by the host, and every all-gather
+the GPU waits for is a wait for the slower rank):
+
+* **reshard after forward** only when the model is big: a layer's gathered parameters stay
+  from its forward to its backward (``reshard_after_forward=False``: no second all-gather in
+  backward, half the all-gathers of a step) when all the parameters in the compute dtype take
+  at most 1/8 of the device's memory (:func:`keep_gathered`); otherwise FSDP2's default.
+* **explicit forward prefetch**: each layer's pre-forward issues the next layer's all-gather
+  (and its experts'), so it runs under this layer's compute instead of after it; backward
+  prefetches the previous layer the same way.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -42,25 +54,81 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return found
 
 
+def device_memory_bytes(device: torch.device | str) -> int:
+    """Total memory of ``device`` (a CUDA GPU's, else the host's physical memory; 0 if unknown)."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return int(torch.cuda.get_device_properties(dev).total_memory)
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):  # pragma: no cover - not POSIX
+        return 0
+
+
+#: the share of device memory the gathered (compute-dtype) parameters may hold from forward to backward
+KEEP_GATHERED_SHARE = 1 / 8
+
+
+def keep_gathered(model: nn.Module, compute_dtype: torch.dtype, device: torch.device | str) -> tuple[bool, str]:
+    """Whether to keep every layer's gathered parameters from its forward to its backward
+    (``reshard_after_forward=False``), and why: when the whole model in ``compute_dtype`` takes at
+    most :data:`KEEP_GATHERED_SHARE` of the device's memory."""
+    size = sum(p.numel() for p in model.parameters()) * torch.empty((), dtype=compute_dtype).element_size()
+    total = device_memory_bytes(device)
+    keep = 0 < size <= KEEP_GATHERED_SHARE * total
+    why = (f"parameters in {str(compute_dtype).removeprefix('torch.')} {size / 2**30:.2f} GiB "
+           f"{'<=' if keep else '>'} 1/{round(1 / KEEP_GATHERED_SHARE)} of {total / 2**30:.0f} GiB device memory")
+    return keep, why
+
+
 def shard_model(model: nn.Module, dense_mesh: DeviceMesh, compute_dtype: torch.dtype,
-                expert_modules: Iterable[nn.Module] = (), expert_mesh: DeviceMesh | None = None) -> nn.Module:
-    """Apply FSDP2 to ``model`` in place (see the module docstring). Returns ``model``."""
+                expert_modules: Iterable[nn.Module] = (), expert_mesh: DeviceMesh | None = None,
+                reshard_after_forward: bool | None = None) -> dict[str, Any]:
+    """Apply FSDP2 to ``model`` in place (see the module docstring). ``reshard_after_forward``:
+    None decides by :func:`keep_gathered`. Returns what was decided (for the job's report)."""
     fully_shard, MixedPrecisionPolicy, FSDPModule = _fsdp()
+    facts: dict[str, Any] = {}
+    if reshard_after_forward is None:
+        keep, facts["reshard_why"] = keep_gathered(model, compute_dtype, dense_mesh.device_type)
+        reshard_after_forward = not keep
+    facts["reshard_after_forward"] = reshard_after_forward
     if compute_dtype in (torch.bfloat16, torch.float16):
         model.to(torch.float32)  # the sharded master copy
         mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     else:
         mp = MixedPrecisionPolicy()
-    for m in expert_modules:
-        fully_shard(m, mesh=expert_mesh, mp_policy=mp)
-    for layer in decoder_layers(model):
-        fully_shard(layer, mesh=dense_mesh, mp_policy=mp)
+    experts = list(expert_modules)
+    for m in experts:
+        fully_shard(m, mesh=expert_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    layers = decoder_layers(model)
+    for layer in layers:
+        fully_shard(layer, mesh=dense_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=dense_mesh, mp_policy=mp)
+    _prefetch(model, layers, experts)
     for m in model.modules():
         if isinstance(m, FSDPModule):
             m.set_gradient_divide_factor(1.0)
             m.set_force_sum_reduction_for_comms(True)  # plain SUM: gloo has no PREMUL_SUM
-    return model
+    facts["prefetch"] = "explicit: next layer in forward, previous in backward"
+    return facts
+
+
+def _prefetch(model: nn.Module, layers: list[nn.Module], experts: list[nn.Module]) -> None:
+    """Each layer's pre-forward starts the next layer's all-gathers (the layer's and its experts'),
+    and its pre-backward the previous layer's; the root's pre-forward starts the first layer's."""
+    units = []  # per layer: the layer, then the expert modules inside it (sharded on their own)
+    for layer in layers:
+        inside = {id(m) for m in layer.modules()}
+        units.append([layer, *[e for e in experts if id(e) in inside]])
+    if not units:
+        return
+    cast(Any, model).set_modules_to_forward_prefetch(units[0])
+    for i, unit in enumerate(units):
+        head = cast(Any, unit[0])
+        if i + 1 < len(units):
+            head.set_modules_to_forward_prefetch(units[i + 1])
+        if i > 0:
+            head.set_modules_to_backward_prefetch(units[i - 1])
 
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:

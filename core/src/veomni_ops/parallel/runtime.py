@@ -65,8 +65,14 @@ class ParallelRuntime:
         self.guard: FailureGuard | None = None
         self._owns_pg = False
         self._token_mask: torch.Tensor | None = None
+        #: the input_ids shard_batch gave last, and the tokens each rank holds in a forward fed with them
+        self._batch_ids: torch.Tensor | None = None
+        self._even_tokens: int | None = None
+        #: expert parallelism may use its even exchange (no host sync) for batches from shard_batch
+        self.ep_even_dispatch = True
         self._expert_modules: list[nn.Module] = []
         self._expert_params: set[str] = set()
+        self.fsdp_facts: dict[str, Any] = {}
 
     # -- start and end ------------------------------------------------------------------------
     @classmethod
@@ -165,7 +171,8 @@ class ParallelRuntime:
             if e.op == "attention" and self.layout.sp > 1:
                 fn, note = ulysses_attention(fn, self.sp_group, self.layout.sp, e.kernel), f"Ulysses sp={self.layout.sp}"
             elif e.op == "moe_experts" and self.layout.ep > 1:
-                fn, note = expert_parallel(fn, self.ep_group, self.layout.ep, e.kernel), f"expert-parallel ep={self.layout.ep}"
+                fn = expert_parallel(fn, self.ep_group, self.layout.ep, e.kernel, lambda: self._even_tokens)
+                note = f"expert-parallel ep={self.layout.ep}"
             elif e.op == "load_balancing_loss" and self.world_size > 1:
                 fn = global_load_balancing(fn, None, self.world_size, lambda: self._token_mask)
                 note = f"over the tokens of all {self.world_size} ranks"
@@ -203,6 +210,7 @@ class ParallelRuntime:
             if bad:
                 raise ParallelConfigError(f"parallel.ep {lay.ep}: expert modules overridden by user code cannot be "
                                           f"expert-parallel: {', '.join(bad)}")
+            model.register_forward_pre_hook(self._note_batch, with_kwargs=True)
             names = {id(m): n for n, m in model.named_modules()}
             for p in experts:
                 shard_experts(p.module, lay.ep, self.coords["ep"])
@@ -220,7 +228,17 @@ class ParallelRuntime:
                                       "bound, so they would not be expert-parallel")
         if self.dense_mesh is None:
             raise RuntimeError("ParallelRuntime.parallelize needs the started runtime (start() or `with runtime:`)")
-        return shard_model(model, self.dense_mesh, dtype, self._expert_modules, self.expert_mesh)
+        self.fsdp_facts = shard_model(model, self.dense_mesh, dtype, self._expert_modules, self.expert_mesh)
+        return model
+
+    def _note_batch(self, module, args, kwargs):
+        """Forward pre-hook (ep > 1): is this forward fed with ``shard_batch``'s input_ids? Then
+        every rank of an expert group holds the same number of tokens (rows B / dp_shard, the
+        padded sequence / sp), which lets the experts exchange without counting (:mod:`.expert`)."""
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        same = self.ep_even_dispatch and ids is not None and ids is self._batch_ids
+        self._even_tokens = int(ids.numel()) if same else None
+        return None
 
     # -- the data --------------------------------------------------------------------------------
     def shard_batch(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
@@ -256,6 +274,7 @@ class ParallelRuntime:
                 real = torch.arange(s + padded, device=ids.device) < s
                 self._token_mask = seq_slice(real.expand(ids.shape[0], -1), lay.sp, self.coords["sp"]).contiguous()
             ids, shift, pos = (seq_slice(x, lay.sp, self.coords["sp"]).contiguous() for x in (ids, shift, pos))
+        self._batch_ids = ids
         count = (shift != IGNORE_INDEX).sum().to(torch.float32)
         dist.all_reduce(count)
         # use_cache=False: no KV cache in training (transformers builds one by default, and then ignores
@@ -292,7 +311,19 @@ class ParallelRuntime:
                 f"{self.device}, backend {self.backend}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.layout.to_dict(), "backend": self.backend}
+        return {**self.layout.to_dict(), "backend": self.backend, **({"fsdp": self.fsdp_facts} if self.fsdp_facts else {})}
+
+    def adamw(self, model: nn.Module, lr: float) -> torch.optim.AdamW:
+        """The job's AdamW over ``model``'s (sharded) parameters. On CUDA the fused implementation:
+        one kernel and one DTensor dispatch per parameter group, where the default runs a dozen
+        ``_foreach`` ops, each dispatched through DTensor (host time issue 23's profile showed);
+        the same update rule. One parameter group per device mesh (the dense parameters', the
+        experts'), so that no fused call mixes meshes."""
+        groups: dict[int, list[nn.Parameter]] = {}
+        for p in model.parameters():
+            groups.setdefault(id(getattr(p, "device_mesh", None)), []).append(p)
+        fused = True if self.device.startswith("cuda") else None
+        return torch.optim.AdamW([{"params": g} for g in groups.values()], lr=lr, fused=fused)
 
 
 def _sp_input_check(sp: int):

@@ -20,8 +20,9 @@ attention contract defines them for a call without a mask. Padding masks are the
 refused under SP (pack documents instead); ``cu_seq_lens_*`` describe a local slice and are
 refused too. Attention sinks (``s_aux``, one per head) are sliced to the rank's heads.
 
-Backward is the reverse all-to-alls (:mod:`.comm`). Per attention layer and rank, forward
-moves ``(sp-1)/sp * B * S/sp * (2*Hq + 2*Hk) * D`` elements off-rank (q, k, v, out) and
+Backward is the reverse all-to-alls (:mod:`.comm`). q, k and v travel in one all-to-all
+(:func:`seq_to_heads`), the output in another: two collectives per layer forward, two
+backward. Per attention layer and rank, forward moves ``(sp-1)/sp * B * S/sp * (2*Hq + 2*Hk) * D`` elements off-rank (q, k, v, out) and
 backward the same again.
 """
 
@@ -42,12 +43,24 @@ _LOCAL_PACKING = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_
 
 
 def seq_to_heads(group: dist.ProcessGroup | None, sp: int, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """``[B, H, S/sp, D]`` on every rank -> ``[B, H/sp, S, D]`` (heads of this rank, whole sequence)."""
+    """``[B, H, S/sp, D]`` on every rank -> ``[B, H/sp, S, D]`` (heads of this rank, whole sequence).
+
+    Tensors of one dtype, batch, length and head size (q, k and v, as a rule) travel in *one*
+    all-to-all: each is laid out by destination rank ``[sp, B, H/sp, S/sp, D]`` and they are
+    concatenated along the heads (the copy the layout needs anyway), then split on arrival.
+    """
     packed = []
     for x in xs:
         b, h, s, d = x.shape
         packed.append(x.reshape(b, sp, h // sp, s, d).permute(1, 0, 2, 3, 4))  # [sp(dest), B, H/sp, S/sp, D]
-    got = all_to_all(group, *packed)
+    first = packed[0]
+    if len(packed) > 1 and all(p.dtype == first.dtype and p.shape[:2] == first.shape[:2]
+                               and p.shape[3:] == first.shape[3:] for p in packed):
+        widths = [p.shape[2] for p in packed]
+        (both,) = all_to_all(group, torch.cat(packed, dim=2))
+        got = both.split(widths, dim=2)
+    else:
+        got = all_to_all(group, *packed)
     out = []
     for y in got:  # [sp(src = sequence slice), B, H/sp, S/sp, D]
         n, b, h, s, d = y.shape

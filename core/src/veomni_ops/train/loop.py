@@ -66,6 +66,9 @@ def _prepare(job: dict[str, Any], baseline: str | None, device: str, dtype, out,
         if rt is not None:
             print(rt.describe(), file=out)
             model = rt.parallelize(model, binding, dtype)
+            f = rt.fsdp_facts
+            print(f"  FSDP2: reshard_after_forward={f['reshard_after_forward']}"
+                  + (f" ({f['reshard_why']})" if "reshard_why" in f else "") + f"; prefetch {f['prefetch']}", file=out)
             facts["parallel"] = rt.to_dict()
     else:
         model = build_model(job, device, attn_implementation="sdpa").to(dtype=dtype)
@@ -134,7 +137,8 @@ def _train(job: dict[str, Any], out, baseline: str | None = None, rt=None) -> di
     dtype = getattr(torch, t["dtype"])
     model, facts = _prepare(job, baseline, device, dtype, out, rt)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=float(t["lr"]))
+    lr = float(t["lr"])
+    opt = torch.optim.AdamW(model.parameters(), lr=lr) if rt is None else rt.adamw(model, lr)
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     steps, b, s = int(t["steps"]), int(t["batch_size"]), int(t["seq_len"])
