@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Issue 23 on a machine with 2 GPUs (run from a checkout's root, which holds benchmarks/):
+# Issue 23 on a machine with NPROC GPUs (default 2; run from a checkout's root, which holds benchmarks/):
 #   bash benchmarks/gpu/par_run.sh CODE_DIR TAG STEP...
 # installs CODE_DIR's core/ and plugins/veomni-triton/ (the code to measure) into /tmp/site-TAG and
 # runs each STEP with it, writing into $OUT/TAG/ (default OUT=./gpu-results). Steps:
 #   cli:NAME          veomni-ops train CONFIGS/NAME.yaml --json (torchrun over 2 GPUs if it has parallel:)
 #   prof:NAME         benchmarks/gpu/par_profile.py CONFIGS/NAME.yaml (timed steps, then 3 profiled)
-#   script[:NAME:FLAGS...]  benchmarks/gpu/fsdp2_script.py on 2 GPUs (FLAGS joined by ':'), e.g. script:fused:--fused
+#   script[:NAME:FLAGS...]  benchmarks/gpu/fsdp2_script.py on NPROC GPUs (FLAGS joined by ':'), e.g. script:fused:--fused
 #   profscript        the script, profiled
 # A step is skipped once fewer than 75 s are left of DEADLINE (epoch seconds; default: now + 540).
 # STEPS (default 14): training steps of every run (the median is over all but the first).
@@ -13,7 +13,8 @@
 set -u
 CODE=$1; TAG=$2; shift 2
 OUT=${OUT:-$PWD/gpu-results}; RES=$OUT/$TAG; mkdir -p "$RES"
-CFG=benchmarks/results/h200x2-2026-11-26-parallel/configs
+CFG=${CFG:-benchmarks/results/h200x2-2026-11-26-parallel/configs}   # the job YAMLs (NAME.yaml)
+NPROC=${NPROC:-2}
 DEADLINE=${DEADLINE:-$(( $(date +%s) + 540 ))}
 SITE=/tmp/site-$TAG
 STEPS=${STEPS:-14}
@@ -23,7 +24,7 @@ if [ ! -f "$SITE/.done" ]; then
   touch "$SITE/.done"
 fi
 export PYTHONPATH=$SITE PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-TR="python3 -m torch.distributed.run --nproc-per-node 2"
+TR="python3 -m torch.distributed.run --nproc-per-node $NPROC"
 for s in "$@"; do
   left=$(( DEADLINE - $(date +%s) ))
   if [ $left -lt 75 ]; then echo "[$TAG] skip $s ($left s left)"; continue; fi
