@@ -300,3 +300,43 @@ def test_a_forward_set_on_the_instance_by_other_code_is_kept():
     torch.testing.assert_close(model(**b).loss, 2 * ref(**b).loss, rtol=1e-5, atol=1e-6)
     binding.remove()
     assert model.__dict__["forward"].__func__ is scaled
+
+
+def test_fused_loss_under_autocast_matches_the_unbound_model():
+    """The bound head under torch.autocast (bf16 on the CPU): the fused loss sees what autocast
+    gives the lm_head it replaces (the chunked kernel used to fail on its out= buffers)."""
+    ref, model = pair("qwen3")
+    veomni_ops.apply(model, {}, device="cpu")
+    b = batch()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        g, r = model(**b), ref(**b)
+    assert g.logits is None
+    torch.testing.assert_close(g.loss, r.loss, rtol=2e-2, atol=2e-2)
+    g.loss.backward()
+    r.loss.backward()
+    gw, rw = model.lm_head.weight.grad, ref.lm_head.weight.grad
+    assert gw is not None and gw.dtype == torch.float32
+    torch.testing.assert_close(gw, rw, rtol=5e-2, atol=5e-2 * rw.abs().max().item())
+
+
+def test_an_adapter_on_lm_head_after_binding_takes_the_logits_path():
+    """A module put in lm_head's place after binding (what PEFT's LoRA on lm_head does) is run:
+    the fused loss, which would read lm_head.weight and skip it, is not taken."""
+    ref, model = pair("qwen3")
+    veomni_ops.apply(model, {}, device="cpu")
+
+    class Doubled(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            return self.inner(x) * 2
+
+    model.lm_head, ref.lm_head = Doubled(model.lm_head), Doubled(ref.lm_head)
+    b = batch()
+    g, r = model(**b), ref(**b)
+    assert g.logits is not None
+    torch.testing.assert_close(g.loss, r.loss, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="skip_logits=True, but lm_head is now a"):
+        model(**b, skip_logits=True)

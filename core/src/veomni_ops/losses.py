@@ -64,6 +64,18 @@ def causal_lm_loss_fused(
     shift_labels: torch.Tensor | None = None,
 ) -> torch.Tensor:
     shift = _shift(labels, shift_labels, ignore_index).to(hidden_states.device)
-    total = kernel(hidden_states.reshape(-1, hidden_states.shape[-1]), weight, shift, bias=bias,
-                   ignore_index=ignore_index)
+    device = hidden_states.device.type
+    if torch.is_autocast_enabled(device):
+        # What autocast does to the lm_head it replaces: the logits GEMM in the autocast dtype
+        # (the casts are autograd ops, so float32 master weights get their gradient). The kernel
+        # itself runs outside autocast, which would recast its own GEMMs and out= buffers.
+        dt = torch.get_autocast_dtype(device)
+        hidden_states, weight = hidden_states.to(dt), weight.to(dt)
+        bias = bias.to(dt) if bias is not None else None
+        with torch.autocast(device, enabled=False):
+            total = kernel(hidden_states.reshape(-1, hidden_states.shape[-1]), weight, shift, bias=bias,
+                           ignore_index=ignore_index)
+    else:
+        total = kernel(hidden_states.reshape(-1, hidden_states.shape[-1]), weight, shift, bias=bias,
+                       ignore_index=ignore_index)
     return _normalise(total, shift, ignore_index, num_items_in_batch)

@@ -4,9 +4,10 @@ Two paths, chosen per call:
 
 * the **fused** path (a ``fused_linear`` kernel: the loss straight from the hidden states
   and the ``lm_head`` weight, logits never materialised; ``logits`` is ``None``) runs only
-  where that is safe: the model is training, autograd is on, labels are given and a
+  where that is safe: the model is training, autograd is on, labels are given, a
   ``ModelOutput`` is asked for (not ``return_dict=False``, whose tuple positions would
-  shift without the logits);
+  shift without the logits) and ``lm_head`` is still a plain ``nn.Linear`` (not an adapter
+  added after binding);
 * otherwise the **logits** path runs the model's own forward (a per-instance copy whose
   ``load_balancing_loss_func`` is the plan's kernel), so the output is exactly the unbound
   model's, and adds the loss computed from those logits by the plan's ``logits`` kernel.
@@ -59,10 +60,15 @@ def causal_lm_forward(original: Callable[..., Any], *, fused: Callable | None, l
         skip = kwargs.pop("skip_logits", skip_logits)
         labels = kwargs.get("labels")
         want_loss = labels is not None or kwargs.get("shift_labels") is not None
+        plain_head = _plain_linear(self.lm_head)
         if skip is None:
             skip = (fused is not None and want_loss and bool(return_dict) and self.training
-                    and torch.is_grad_enabled())
+                    and torch.is_grad_enabled() and plain_head)
         elif skip:
+            if not plain_head:
+                raise ValueError(f"{owner}: skip_logits=True, but lm_head is now a {type(self.lm_head).__qualname__} "
+                                 "(an adapter added after binding): the fused loss would skip it. Leave skip_logits "
+                                 "unset (the logits path runs the adapter), or bind after adding the adapter.")
             if not want_loss:
                 raise ValueError(f"{owner}: skip_logits=True needs labels (or shift_labels): without them there is "
                                  "no loss to compute instead of the logits")
@@ -97,6 +103,12 @@ def _aux_overrides(original: Callable[..., Any], lbl: Callable) -> dict[str, Any
         if "load_balancing" in name and hasattr(value, "use_non_eager_impl"):
             out[name] = _UnboundSlot()
     return out
+
+
+def _plain_linear(m: Any) -> bool:
+    """Is ``m`` a plain ``nn.Linear`` (its forward is ``F.linear`` of its weight and bias)? An
+    adapter put on ``lm_head`` after binding (PEFT's LoRA) is not: the fused loss would skip it."""
+    return isinstance(m, torch.nn.Linear) and type(m).forward is torch.nn.Linear.forward
 
 
 def _output_type(signature: inspect.Signature, moe: bool) -> type:
