@@ -340,3 +340,14 @@ def test_an_adapter_on_lm_head_after_binding_takes_the_logits_path():
     torch.testing.assert_close(g.loss, r.loss, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="skip_logits=True, but lm_head is now a"):
         model(**b, skip_logits=True)
+
+
+def test_apply_inside_a_meta_device_block():
+    """Binding while a `with torch.device("meta")` block is open (from_pretrained and large-model
+    builders do that): the probes do not follow the default device."""
+    ref, real = pair("qwen3")
+    veomni_ops.apply(real, {}, device="cpu")
+    with torch.device("meta"):
+        meta = type(ref)(config("qwen3"))
+        binding = veomni_ops.apply(meta, {}, device="cpu")
+    assert binding.bound == real.veomni_ops_binding.bound

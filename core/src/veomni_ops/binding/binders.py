@@ -109,8 +109,8 @@ def _probe_rms_variant(m: nn.Module, eps: float) -> str | None:
     w = cast(torch.Tensor, m.weight)
     h = w.shape[0]
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(3, h, dtype=torch.float64, generator=g)
-    wf = torch.rand(h, dtype=torch.float64, generator=g) + 0.5
+    x = torch.randn(3, h, dtype=torch.float64, generator=g, device="cpu")
+    wf = torch.rand(h, dtype=torch.float64, generator=g, device="cpu") + 0.5
     with torch.no_grad():
         try:
             out = torch.func.functional_call(m, {"weight": wf}, (x,), strict=False).double()
@@ -321,9 +321,9 @@ def _rotary_matches_contract(fn: Callable, head_dim: int, rot_dim: int) -> bool:
     from ..kernels.rotary import apply_rotary
 
     g = torch.Generator().manual_seed(0)
-    q = torch.randn(1, 2, 3, head_dim, generator=g, dtype=torch.float64)
-    k = torch.randn(1, 1, 3, head_dim, generator=g, dtype=torch.float64)
-    ang = torch.randn(1, 3, rot_dim // 2, generator=g, dtype=torch.float64)
+    q = torch.randn(1, 2, 3, head_dim, generator=g, dtype=torch.float64, device="cpu")
+    k = torch.randn(1, 1, 3, head_dim, generator=g, dtype=torch.float64, device="cpu")
+    ang = torch.randn(1, 3, rot_dim // 2, generator=g, dtype=torch.float64, device="cpu")
     cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
     try:
         got = fn(q, k, cos, sin)
@@ -449,9 +449,12 @@ def find_places(model: nn.Module) -> list[Place]:
     survey = Survey(model)
     places: list[Place] = []
     modules = list(model.named_modules())
-    for head in (False, True):
-        for path, m in modules:
-            places += [p for b in BINDERS if b.head is head for p in b.find(path, m, survey)]
+    # The probes run on the CPU even inside a ``with torch.device("meta")`` block (how large
+    # models are built, and what from_pretrained does): a default device would reach them.
+    with torch.device("cpu"):
+        for head in (False, True):
+            for path, m in modules:
+                places += [p for b in BINDERS if b.head is head for p in b.find(path, m, survey)]
     for p in places:
         method = BY_OP[p.op].method
         p.foreign = user_override(type(p.module), method) or instance_override(p.module, method)
