@@ -4,7 +4,7 @@
 
 Reads ``OUT_DIR/<model>-plain.xml`` and ``OUT_DIR/<model>-bound.xml``; prints, per model, passed /
 failed / skipped / errors for each mode, then every test that passes plain and fails (or errors)
-bound, with the first line of its message. ``--against`` takes the plain results from another run.
+bound (and every one it skips bound), with the first line of its message. ``--against`` takes the plain results from another run.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ def main() -> None:
     print("| model | mode | passed | failed | skipped | errors |")
     print("|---|---|---|---|---|---|")
     regressions: list[tuple[str, str, str]] = []
+    hidden: list[tuple[str, str, str]] = []
     for m in models:
         plain_xml = (a.against or a.out_dir) / f"{m}-plain.xml"
         bound_xml = a.out_dir / f"{m}-bound.xml"
@@ -62,10 +63,16 @@ def main() -> None:
                 c = counts(res)
                 print(f"| {m} | {mode} | " + " | ".join(str(c[k]) for k in KINDS) + " |")
         for tid, (kind, msg) in sorted(bound.items()):
-            if kind in ("failed", "errors") and plain.get(tid, ("",))[0] == "passed":
-                regressions.append((tid, kind, msg))
+            if plain.get(tid, ("",))[0] == "passed":
+                if kind in ("failed", "errors"):
+                    regressions.append((tid, kind, msg))
+                elif kind == "skipped":
+                    hidden.append((tid, kind, msg))
     print(f"\npasses plain, fails bound: {len(regressions)}")
     for tid, kind, msg in regressions:
+        print(f"- {tid} [{kind}] {msg}")
+    print(f"\npasses plain, skipped bound: {len(hidden)}")
+    for tid, kind, msg in hidden:
         print(f"- {tid} [{kind}] {msg}")
 
 

@@ -17,6 +17,10 @@ modes so that the plain and the bound runs test the very same configurations:
   that no enclosing model's ``__init__`` is still running around. A refusal is raised into
   the test (it fails there). Each binding is logged, one JSON line per model, to
   ``VEOMNI_HF_BIND_LOG`` when set.
+* ``VEOMNI_HF_APPLY_CTX=cpu`` (a diagnostic, off by default): ``apply`` runs inside
+  ``with torch.device("cpu")``, so that tensors it makes while a model is being built under
+  ``with torch.device("meta")`` (``from_pretrained``, ``from_config`` on meta) are made on the CPU.
+  It shows what fails behind a binding that does not survive that context.
 
 No transformers code is copied here: the plugin wraps transformers' classes at run time.
 """
@@ -96,8 +100,15 @@ def _bind(model: Any) -> None:
 
     entry: dict[str, Any] = {"test": _STATE["test"], "model": type(model).__name__,
                              "hidden_act": getattr(getattr(model, "config", None), "hidden_act", None)}
+    ctx = os.environ.get("VEOMNI_HF_APPLY_CTX")
     try:
-        binding = veomni_ops.apply(model, {}, device="cpu")
+        if ctx:
+            import torch
+
+            with torch.device(ctx):
+                binding = veomni_ops.apply(model, {}, device="cpu")
+        else:
+            binding = veomni_ops.apply(model, {}, device="cpu")
     except Exception as e:
         _STATE["refused"] += 1
         entry.update(ok=False, error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
@@ -167,7 +178,9 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     lines = [f"veomni_bind_plugin: mode={'bound (veomni_ops.apply(model, {}, device=cpu))' if _bind_mode() else 'plain'}"
              f", hidden_act={_act() or 'as the testers set it'}, transformers {transformers.__version__}",
              f"veomni_bind_plugin: veomni_ops from {os.path.dirname(veomni_ops.__file__)}"
-             f" {os.environ.get('VEOMNI_HF_REF', '(as installed)')}"]
+             f" {os.environ.get('VEOMNI_HF_REF', '(as installed)')}"
+             + (f", apply inside torch.device({os.environ['VEOMNI_HF_APPLY_CTX']!r})"
+                if os.environ.get("VEOMNI_HF_APPLY_CTX") else "")]
     if _STATE.get("compat"):
         lines.append(f"veomni_bind_plugin: testing_utils names supplied from the test ref: {', '.join(_STATE['compat'])}")
     return lines
