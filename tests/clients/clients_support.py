@@ -137,7 +137,7 @@ def train(model: nn.Module, data: Sequence[dict], *, lr: float = 1e-3, bf16: boo
     run = Run()
     for b in data:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            out = (call or model)(**b)
+            out = (model if call is None else call)(**b)
         out.loss.backward()
         run.grads.append(grads_of(model))
         opt.step()
