@@ -8,11 +8,15 @@ same seed and data.
 
 Tolerances, relative to the unbound model's value:
 
-* float32: losses within 1e-4, gradients within 1e-4 of the tensor's largest entry (per
-  parameter). The two models compute the same math in another order (SDPA through our
-  kernel, the loss from hidden-state chunks instead of whole logits): measured 2e-6 on the
-  loss and 1e-5 on the gradient norm after 12 AdamW steps of Trainer. A wrong kernel, a lost
-  argument or a dropped loss term moves them by far more.
+* float32: losses within 1e-4 (``FP32_LOSS``). Gradients of the first step, where both models
+  hold the same parameters, elementwise within 1e-4 of the tensor's largest entry
+  (``FP32_GRAD``; measured 1e-6); each later step's, per parameter, within 1e-3 in L2 norm
+  (``FP32_GRAD_LATER``): once AdamW has moved the parameters by their float32 rounding
+  differences, a MoE token's top-2 routing can flip, and Trainer's Qwen3-MoE gradients then
+  differ by up to 3.5e-4 (dense: 3e-5) while the losses still agree to 1e-6. The two models
+  compute the same math in another order (SDPA through our kernel, the loss from hidden-state
+  chunks instead of whole logits); a wrong kernel, a lost argument or a dropped loss term
+  moves the first step's gradients by far more.
 * bfloat16 (autocast): losses within 2e-2, the repository's low-precision loss tolerance
   (``veomni_ops.train.report.LOSS_TOL_LOW_PRECISION``; bf16 keeps 8 bits, 4e-3 per value),
   the gradient of all parameters together within 5e-2 in L2 norm (``BF16_GRAD``). Measured
@@ -37,6 +41,7 @@ from veomni_ops.train.report import LOSS_TOL_LOW_PRECISION
 
 FP32_LOSS = 1e-4
 FP32_GRAD = 1e-4
+FP32_GRAD_LATER = 1e-3
 BF16_LOSS = LOSS_TOL_LOW_PRECISION
 BF16_GRAD = 5e-2
 
@@ -161,12 +166,11 @@ def assert_losses_close(unbound: Sequence[float], bound: Sequence[float], rtol: 
                      + f"\n  unbound {list(unbound)}\n  bound   {list(bound)}")
 
 
-def assert_grads_close(unbound: dict[str, torch.Tensor], bound: dict[str, torch.Tensor], rtol: float,
-                       what: str, bf16: bool = False) -> None:
-    """Both have gradients for the same parameters, finite, of the same shapes, and close: in
-    float32 each parameter's, elementwise (atol ``rtol`` x the tensor's largest entry); in
-    bfloat16 (``bf16``) all of them as one vector, ``|bound - unbound| <= rtol |unbound|``
-    (one parameter's bf16 gradient can move by 30% when a token's routing flips)."""
+def assert_grads_close(unbound: dict[str, torch.Tensor], bound: dict[str, torch.Tensor], what: str, *,
+                       step: int = 0, bf16: bool = False) -> None:
+    """Both have gradients for the same parameters, finite, of the same shapes, and close (see
+    the module's docstring): float32 at the first step (``step`` 0, the same parameters on
+    both sides) elementwise; float32 later per parameter in norm; bfloat16 as one vector."""
     only_u, only_b = sorted(unbound.keys() - bound.keys()), sorted(bound.keys() - unbound.keys())
     assert not only_u and not only_b, (f"{what}: gradients present in one model only: unbound only {only_u}, "
                                        f"bound only {only_b}")
@@ -175,17 +179,24 @@ def assert_grads_close(unbound: dict[str, torch.Tensor], bound: dict[str, torch.
         b = bound[n]
         assert b.shape == u.shape, f"{what}: gradient of {n} has shape {tuple(b.shape)} bound, {tuple(u.shape)} unbound"
         assert torch.isfinite(b).all(), f"{what}: gradient of {n} is not finite in the bound model"
-        if not bf16:
+        if bf16:
+            continue
+        if step == 0:
             scale = float(u.abs().max())
-            torch.testing.assert_close(b, u, rtol=rtol, atol=rtol * scale,
+            torch.testing.assert_close(b, u, rtol=FP32_GRAD, atol=FP32_GRAD * scale,
                                        msg=lambda m, n=n: f"{what}: gradient of {n} differs bound vs unbound: {m}")
+        else:
+            err, ref = float((b - u).norm()), float(u.norm())
+            assert err <= FP32_GRAD_LATER * ref, (
+                f"{what}: gradient of {n} differs bound vs unbound: |diff| {err:.3g} > {FP32_GRAD_LATER:g} x "
+                f"|unbound| {ref:.3g}")
     if bf16:
         vu = torch.cat([unbound[n].float().flatten() for n in unbound])
         vb = torch.cat([bound[n].float().flatten() for n in unbound])
         err, ref = float((vb - vu).norm()), float(vu.norm())
         worst = max(unbound, key=lambda n: float((bound[n].float() - unbound[n].float()).norm()))
-        assert err <= rtol * ref, (f"{what}: the gradient (all parameters) differs bound vs unbound: |diff| {err:.3g} "
-                                   f"> {rtol:g} x |unbound| {ref:.3g}; most of it in {worst}")
+        assert err <= BF16_GRAD * ref, (f"{what}: the gradient (all parameters) differs bound vs unbound: |diff| "
+                                        f"{err:.3g} > {BF16_GRAD:g} x |unbound| {ref:.3g}; most of it in {worst}")
 
 
 def assert_runs_close(unbound: Run, bound: Run, what: str, bf16: bool = False) -> None:
@@ -193,7 +204,7 @@ def assert_runs_close(unbound: Run, bound: Run, what: str, bf16: bool = False) -
     assert_losses_close(unbound.losses, bound.losses, BF16_LOSS if bf16 else FP32_LOSS, what)
     assert len(bound.grads) == len(unbound.grads), f"{what}: gradients of {len(bound.grads)} vs {len(unbound.grads)} steps"
     for i, (gu, gb) in enumerate(zip(unbound.grads, bound.grads)):
-        assert_grads_close(gu, gb, BF16_GRAD if bf16 else FP32_GRAD, f"{what}, step {i}", bf16=bf16)
+        assert_grads_close(gu, gb, f"{what}, step {i + 1}", step=i, bf16=bf16)
 
 
 def describe(x) -> object:
