@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 
+import peft
 import pytest
 import torch
 import veomni_ops
@@ -26,8 +27,6 @@ from clients_support import (
     train,
 )
 from models_support import build
-
-peft = pytest.importorskip("peft")
 
 STEPS = 5
 

@@ -91,6 +91,32 @@ def test_torch_compile_fullgraph_of_the_bound_model_trains_like_unbound(name, dt
     data = batches(STEPS)
     low = dtype == torch.bfloat16
     ru = train(unbound, data)
-    rb = train(bound, data, call=compiled, keep_outputs=True)
+    try:
+        rb = train(bound, data, call=compiled, keep_outputs=True)
+    except Exception as e:
+        _skip_if_transformers_cannot_either(unbound, name, dtype, e)
+        raise
     assert_runs_close(ru, rb, f"torch.compile(fullgraph=True) of the bound {name} ({dtype})", bf16=low)
     assert all(o.logits is None for o in rb.outputs), "the compiled bound model did not take the fused loss"
+
+
+def _skip_if_transformers_cannot_either(unbound, name, dtype, bound_error: Exception) -> None:
+    """The bound model failed to compile: skip if the unbound model fails too (a limit of this
+    transformers release, e.g. 5.17's float32 grouped_mm experts backward), else return (the
+    caller re-raises: the binding broke what transformers compiles)."""
+    import copy
+
+    import transformers
+
+    model = copy.deepcopy(unbound)
+    if name == "qwen3_moe":
+        with torch.no_grad():
+            model(**batches(1)[0])
+    torch._dynamo.reset()
+    try:
+        model.train()
+        torch.compile(model, fullgraph=True, backend="aot_eager")(**batches(1)[0]).loss.backward()
+    except Exception as e:
+        pytest.skip(f"transformers {transformers.__version__}'s own {name} ({dtype}) does not compile with "
+                    f"fullgraph=True either: {type(e).__name__}: {str(e).strip().splitlines()[0][:200]} "
+                    f"(bound: {type(bound_error).__name__})")
