@@ -33,6 +33,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import pytest
 import torch
 import veomni_ops
 from models_support import build
@@ -44,6 +45,18 @@ FP32_GRAD = 1e-4
 FP32_GRAD_LATER = 1e-3
 BF16_LOSS = LOSS_TOL_LOW_PRECISION
 BF16_GRAD = 5e-2
+
+#: Binding bugs these tests found (strict: a fix turns the xfail into a failure, so the mark goes
+#: with the fix). Each narrows to the error the bug raises, so another failure still fails.
+AUTOCAST_BUG = pytest.mark.xfail(
+    raises=RuntimeError, strict=True,
+    reason="the chunked fused-linear cross-entropy (the bound head's training loss on the CPU) fails under "
+           "torch.autocast: 'Expected out tensor to have dtype c10::BFloat16, but got float instead' "
+           "(veomni_ops/kernels/cross_entropy.py, _ChunkedLinearCrossEntropy.forward, torch.mm(..., out=grad_hidden))")
+LM_HEAD_ADAPTER_BUG = pytest.mark.xfail(
+    raises=AssertionError, strict=True,
+    reason="get_peft_model with a LoRA on lm_head after apply: the bound head's fused loss reads lm_head.weight "
+           "(the frozen base weight) and skips the adapter: other losses, no lm_head adapter gradient")
 
 #: The models every client runs: a dense causal LM and a MoE one with its aux loss on.
 MODELS = ("qwen3", "qwen3_moe")
