@@ -33,7 +33,8 @@ def _transformers_range() -> tuple[str, str]:
 MIN_TRANSFORMERS, BELOW_TRANSFORMERS = _transformers_range()
 TEST_DEPS = ["pytest>=8", f"transformers>={MIN_TRANSFORMERS},<{BELOW_TRANSFORMERS}"]
 
-nox.options.sessions = ["lint", "core", "plugin", "template", "packaging", "integration", "binding", "veomni", "demo"]
+nox.options.sessions = ["lint", "core", "plugin", "template", "packaging", "integration", "binding", "clients",
+                        "veomni", "demo"]
 nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = False
 
@@ -90,10 +91,41 @@ def packaging(session: nox.Session) -> None:
 
 @nox.session
 def integration(session: nox.Session) -> None:
-    """Every distribution together: models, binding, cross-package behaviour."""
+    """Every distribution together: models, binding, cross-package behaviour (the client tests,
+    which need peft and accelerate, run in the clients session)."""
     _base(session)
     session.install(*CONSTRAINTS, *(a for name in PLUGINS for a in ("-e", f"plugins/{name}")))
-    session.run("pytest", "tests", "-q", "-m", "not packaging", *session.posargs, env={"TRITON_INTERPRET": "1"})
+    session.run("pytest", "tests", "-q", "-m", "not packaging", "--ignore=tests/clients", *session.posargs,
+                env={"TRITON_INTERPRET": "1"})
+
+
+def _pinned(name: str) -> str:
+    """``name==version`` as constraints.txt pins it (for sessions that cannot take the whole file)."""
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line.split("==")[0].strip().lower() == name:
+            return line.strip()
+    raise LookupError(f"constraints.txt pins no {name}")
+
+
+def _transformers_at(session: nox.Session, transformers: str, extra: tuple[str, ...] = ()) -> dict[str, str]:
+    """Install the core, every plugin, pytest and ``extra`` on the oldest supported transformers
+    (``extra`` as constraints.txt pins them) or on the newest releases on PyPI (transformers and
+    ``extra`` upgraded, unconstrained: a new release that breaks binding shows here first).
+    Returns the environment the tests run in."""
+    session.install(TORCH)
+    plugins = [a for name in PLUGINS for a in ("-e", f"plugins/{name}")]
+    if transformers == "oldest":
+        # Not under constraints.txt, which pins the newest tested release: transformers and what it needs.
+        session.install("-e", "core", *plugins, "pytest>=8", f"transformers=={MIN_TRANSFORMERS}",
+                        *(_pinned(name) for name in extra))
+    else:
+        session.install("-e", "core", *plugins, "pytest>=8", *extra)
+        session.install("--upgrade", "transformers", *extra)
+    version = session.run("python", "-c", "import transformers; print(transformers.__version__)",
+                          silent=True).strip().splitlines()[-1]
+    session.log(f"transformers {version} ({transformers}; supported >={MIN_TRANSFORMERS},<{BELOW_TRANSFORMERS})")
+    # A release newer than the range: test it anyway (the refusal a user would get is tested in core).
+    return {"TRITON_INTERPRET": "1", "VEOMNI_OPS_ALLOW_TRANSFORMERS": version}
 
 
 @nox.session
@@ -101,21 +133,18 @@ def integration(session: nox.Session) -> None:
 def binding(session: nox.Session, transformers: str) -> None:
     """Binding into every model family on the oldest supported transformers and on the newest
     release on PyPI (unconstrained: a new release that breaks binding shows here first)."""
-    session.install(TORCH)
-    plugins = [a for name in PLUGINS for a in ("-e", f"plugins/{name}")]
-    if transformers == "oldest":
-        # Not under constraints.txt, which pins the newest tested release: transformers and what it needs.
-        session.install("-e", "core", *plugins, "pytest>=8", f"transformers=={MIN_TRANSFORMERS}")
-    else:
-        session.install("-e", "core", *plugins, "pytest>=8")
-        session.install("--upgrade", "transformers")
-    version = session.run("python", "-c", "import transformers; print(transformers.__version__)",
-                          silent=True).strip().splitlines()[-1]
-    session.log(f"binding tests on transformers {version} ({transformers}; supported "
-                f">={MIN_TRANSFORMERS},<{BELOW_TRANSFORMERS})")
-    # A release newer than the range: test it anyway (the refusal a user would get is tested in core).
-    env = {"TRITON_INTERPRET": "1", "VEOMNI_OPS_ALLOW_TRANSFORMERS": version}
+    env = _transformers_at(session, transformers)
     session.run("pytest", "tests/models", "-q", *session.posargs, env=env)
+
+
+@nox.session
+@nox.parametrize("transformers", ["oldest", "newest"])
+def clients(session: nox.Session, transformers: str) -> None:
+    """What users train a bound model in (Trainer, PEFT, accelerate, generate, gradient
+    checkpointing, torch.compile, their own FSDP2 loop), bound vs unbound, on the oldest supported
+    transformers (peft and accelerate as constraints.txt pins them) and on the newest releases."""
+    env = _transformers_at(session, transformers, extra=("peft", "accelerate"))
+    session.run("pytest", "tests/clients", "-q", *session.posargs, env=env)
 
 
 #: VeOmni from the package index, as a client (tests/veomni_client): the release tested, and the
@@ -140,7 +169,7 @@ def constraints(session: nox.Session) -> None:
     """Rewrite constraints.txt: the newest releases in range of everything, if the tests pass on them."""
     session.install(TORCH)
     session.install("-e", "core", *(a for name in PLUGINS for a in ("-e", f"plugins/{name}")), *TEST_DEPS,
-                    "ruff>=0.6", "mypy", "build", "wheel")
+                    "peft", "accelerate", "ruff>=0.6", "mypy", "build", "wheel")
     session.run("pytest", "core/tests", "tests", "-q", "-m", "not packaging", env={"TRITON_INTERPRET": "1"})
     frozen = session.run("python", "-m", "pip", "freeze", "--exclude-editable", silent=True)
     keep = [line for line in frozen.splitlines()
