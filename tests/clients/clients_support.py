@@ -33,7 +33,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import pytest
 import torch
 import veomni_ops
 from models_support import build
@@ -45,18 +44,6 @@ FP32_GRAD = 1e-4
 FP32_GRAD_LATER = 1e-3
 BF16_LOSS = LOSS_TOL_LOW_PRECISION
 BF16_GRAD = 5e-2
-
-#: Binding bugs these tests found (strict: a fix turns the xfail into a failure, so the mark goes
-#: with the fix). Each narrows to the error the bug raises, so another failure still fails.
-AUTOCAST_BUG = pytest.mark.xfail(
-    raises=RuntimeError, strict=True,
-    reason="the chunked fused-linear cross-entropy (the bound head's training loss on the CPU) fails under "
-           "torch.autocast: 'Expected out tensor to have dtype c10::BFloat16, but got float instead' "
-           "(veomni_ops/kernels/cross_entropy.py, _ChunkedLinearCrossEntropy.forward, torch.mm(..., out=grad_hidden))")
-LM_HEAD_ADAPTER_BUG = pytest.mark.xfail(
-    raises=AssertionError, strict=True,
-    reason="get_peft_model with a LoRA on lm_head after apply: the bound head's fused loss reads lm_head.weight "
-           "(the frozen base weight) and skips the adapter: other losses, no lm_head adapter gradient")
 
 #: The models every client runs: a dense causal LM and a MoE one with its aux loss on.
 MODELS = ("qwen3", "qwen3_moe")
@@ -210,6 +197,23 @@ def assert_grads_close(unbound: dict[str, torch.Tensor], bound: dict[str, torch.
         worst = max(unbound, key=lambda n: float((bound[n].float() - unbound[n].float()).norm()))
         assert err <= BF16_GRAD * ref, (f"{what}: the gradient (all parameters) differs bound vs unbound: |diff| "
                                         f"{err:.3g} > {BF16_GRAD:g} x |unbound| {ref:.3g}; most of it in {worst}")
+
+
+def assert_bf16_no_worse(fp32: Run, unbound: Run, bound: Run, what: str) -> None:
+    """bfloat16 runs judged against the float32 run: the losses within the bf16 tolerance of the
+    unbound bf16 run's, and at every step the bound run's gradient (all parameters, one vector)
+    no further from the float32 gradient than 2x the unbound bf16 run's distance plus 1e-2
+    (relative): the check kit's rule for a low-precision kernel. Bound vs unbound directly is
+    not a measure here: LoRA under autocast measured 2.3-12% apart bound vs unbound while each was
+    2.2-12% from float32 (the unbound run the farther one in 6 of 10 steps)."""
+    assert_losses_close(unbound.losses, bound.losses, BF16_LOSS, what)
+    for i, (gr, gu, gb) in enumerate(zip(fp32.grads, unbound.grads, bound.grads)):
+        keys = sorted(gr)
+        assert sorted(gu) == keys and sorted(gb) == keys, f"{what}, step {i + 1}: other parameters have gradients"
+        vr, vu, vb = (torch.cat([g[n].float().flatten() for n in keys]) for g in (gr, gu, gb))
+        eu, eb = float((vu - vr).norm() / vr.norm()), float((vb - vr).norm() / vr.norm())
+        assert eb <= 2 * eu + 1e-2, (f"{what}, step {i + 1}: the bound bf16 gradient is {eb:.3g} from float32, "
+                                     f"the unbound bf16 one {eu:.3g} (allowed: 2x + 1e-2)")
 
 
 def assert_runs_close(unbound: Run, bound: Run, what: str, bf16: bool = False) -> None:

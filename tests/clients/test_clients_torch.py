@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from clients_support import AUTOCAST_BUG, MODELS, assert_runs_close, batches, bound_pair, train
+from clients_support import MODELS, assert_runs_close, batches, bound_pair, train
 
 STEPS = 5
 
@@ -26,7 +26,7 @@ def _count_calls(module) -> list[int]:
     return calls
 
 
-@pytest.mark.parametrize("bf16", [pytest.param(False, id="fp32"), pytest.param(True, id="bf16", marks=AUTOCAST_BUG)])
+@pytest.mark.parametrize("bf16", [pytest.param(False, id="fp32"), pytest.param(True, id="bf16")])
 @pytest.mark.parametrize("name", MODELS)
 def test_gradient_checkpointing_training_matches_unbound(name, bf16):
     """``gradient_checkpointing_enable()`` on both: the decoder layers run their forward again

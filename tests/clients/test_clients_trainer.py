@@ -16,7 +16,6 @@ import pytest
 import torch
 import transformers as T
 from clients_support import (
-    AUTOCAST_BUG,
     BF16_LOSS,
     FP32_GRAD_LATER,
     FP32_LOSS,
@@ -155,7 +154,6 @@ def test_trainer_train_and_evaluate_match_unbound(name, tmp_path):
         f"compute_metrics token accuracy: bound {ev_b['eval_accuracy']}, unbound {ev_u['eval_accuracy']}")
 
 
-@AUTOCAST_BUG
 @pytest.mark.parametrize("name", MODELS)
 def test_trainer_bf16_autocast_matches_unbound(name, tmp_path):
     """``bf16=True``: accelerate runs the forward under CPU autocast (bfloat16)."""
