@@ -1,10 +1,17 @@
-"""Plan locks: the lock's format, when ``auto`` takes it and when it refuses it."""
+"""Plan locks and ``veomni-ops tune``: the lock's format, when ``auto`` takes it and when it
+refuses it, tuning with an injected timer (deterministic), resuming an interrupted tune, the dry
+run, and one real tune of a tiny job on the CPU.
+
+Real training is on a 1-layer Qwen3 of hidden size 32, 2 x 8 tokens, one or two steps a trial.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import warnings
+from pathlib import Path
 
 import pytest
 from conftest import make_plugin
@@ -207,3 +214,59 @@ def test_lock_choice_prefers_the_same_request():
     assert lock.choice("cross_entropy", ("logits",)) is b
     assert lock.choice("cross_entropy", ("fused_linear", "logits")) is a
     assert lock.choice("cross_entropy", ("fused_linear",)) is None
+
+
+# ----------------------------------------------------------------------------------------
+# jobs: a tiny Qwen3 on the CPU
+# ----------------------------------------------------------------------------------------
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from veomni_ops import train  # noqa: E402
+from veomni_ops.cli import main  # noqa: E402
+
+TINY = {"num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 64, "vocab_size": 128,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16}
+
+
+def write_job(tmp_path: Path, name: str = "job.yaml", lock: str | None = None, **train_fields) -> str:
+    import yaml
+
+    t = {"batch_size": 2, "seq_len": 8, "steps": 2, "lr": 1e-3, "dtype": "float32", "device": "cpu", "seed": 0,
+         **train_fields}
+    data: dict = {"model": {"architecture": "qwen3", "size": "tiny", "config": dict(TINY),
+                            "ops_implementation": {"attn_implementation": "auto"}}, "train": t}
+    if lock is not None:
+        data["lock"] = lock
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def test_train_and_resolve_read_the_lock(tmp_path, capsys):
+    """The job's ``lock:`` key (found: a missing file warns), ``--lock`` (explicit: a mismatch is an error)."""
+    from veomni_ops.device import detected_device
+
+    choice = LockChoice("attention", ("standard",), "standard", "eager", "veomni-ops", "eager measured fastest")
+    lock = PlanLock(device=device_fingerprint(detected_device()), versions=versions_here([]), mode="eager",
+                    dtype="float32", choices=(choice,), job="job.yaml")
+    lock.save(tmp_path / "tiny.lock.json")
+    job = write_job(tmp_path, lock="tiny.lock.json")
+    res = train.train_one(train.load_job(job), out=io.StringIO())
+    entry = next(e for e in res["plan"]["entries"] if e["op"] == "attention")
+    assert entry["kernel"] == "eager" and entry["reason"].startswith("auto by plan lock ")
+    assert res["plan"]["lock"].startswith(f"{tmp_path / 'tiny.lock.json'} (lock: in {job};")
+    assert main(["resolve", job]) == 0  # resolve reads the job's lock: key too
+    assert "plan lock" in capsys.readouterr().out
+    assert main(["resolve", job, "--lock", str(tmp_path / "tiny.lock.json"), "--compile"]) == 1
+    err = capsys.readouterr().err
+    assert "(--lock) does not match here: mode: the lock was tuned in eager mode, this resolves for compile" in err
+    dataclasses.replace(lock, mode="compile").save(tmp_path / "compile.lock.json")
+    assert main(["train", job, "--lock", str(tmp_path / "compile.lock.json"), "--steps", "1"]) == 1
+    assert "does not match here: mode: the lock was tuned in compile mode" in capsys.readouterr().err
+    missing = write_job(tmp_path, name="later.yaml", lock="later.lock.json")
+    assert main(["train", missing, "--steps", "1"]) == 0
+    assert "warning: plan lock " in capsys.readouterr().err  # not tuned yet: static auto, said once
+    with pytest.raises(train.TrainConfigError, match="lock must be the path of a plan lock file"):
+        train.load_job(write_job(tmp_path, name="bad.yaml", lock=""))
