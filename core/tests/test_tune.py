@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import os
 import warnings
 from pathlib import Path
 
@@ -223,7 +224,7 @@ def test_lock_choice_prefers_the_same_request():
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from veomni_ops import train  # noqa: E402
+from veomni_ops import train, tune  # noqa: E402
 from veomni_ops.cli import main  # noqa: E402
 
 TINY = {"num_hidden_layers": 1, "hidden_size": 32, "intermediate_size": 64, "vocab_size": 128,
@@ -270,3 +271,217 @@ def test_train_and_resolve_read_the_lock(tmp_path, capsys):
     assert "warning: plan lock " in capsys.readouterr().err  # not tuned yet: static auto, said once
     with pytest.raises(train.TrainConfigError, match="lock must be the path of a plan lock file"):
         train.load_job(write_job(tmp_path, name="bad.yaml", lock=""))
+
+
+@pytest.fixture(scope="module")
+def tiny_setup(tmp_path_factory):
+    """The tune setup of the tiny job: its requests and candidates on this CPU."""
+    return tune.setup(train.load_job(write_job(tmp_path_factory.mktemp("job"))))
+
+
+def test_setup_lists_the_candidates_of_each_auto_op(tiny_setup):
+    s = tiny_setup
+    by_label = {r.label: r for r in s.requests}
+    att = by_label["attention/standard"]
+    assert att.static.full_name == "sdpa@veomni-ops/standard"
+    assert {c.full_name for c in att.candidates} == {"eager@veomni-ops/standard", "sdpa@veomni-ops/standard"}
+    ce = by_label["cross_entropy/fused_linear|logits"]
+    assert {c.full_name for c in ce.candidates} >= {"chunked@veomni-ops/fused_linear", "eager@veomni-ops/logits"}
+    assert not by_label["rms_norm/standard"].timed
+    keys = [t.key for t in s.trials()]
+    assert keys[0] == "static" and "attention/standard:eager@veomni-ops/standard" in keys
+    assert "attention/standard:sdpa@veomni-ops/standard" not in keys  # the static choice is the static trial
+    assert s.mode == "eager" and s.dtype == "float32" and s.shapes["hidden_size"] == 32
+    assert s.shapes["tokens_per_step"] == 16
+
+
+FAKE_MS = {"static": 10.0, "attention/standard:eager@veomni-ops/standard": 8.0, "tuned": 7.5}
+
+
+class FakeTimer:
+    """Deterministic step times per trial key (default 12 ms); equal losses unless told; records calls;
+    ``interrupt_at``: raise KeyboardInterrupt at that call (1-based), as Ctrl-C would."""
+
+    def __init__(self, ms=None, losses=None, fail=(), interrupt_at=None):
+        self.ms, self.losses, self.fail, self.interrupt_at = {**FAKE_MS, **(ms or {})}, losses or {}, fail, interrupt_at
+        self.calls: list[str] = []
+
+    def __call__(self, trial):
+        self.calls.append(trial.key)
+        if self.interrupt_at == len(self.calls):
+            raise KeyboardInterrupt
+        if trial.key in self.fail:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        ms = self.ms.get(trial.key, 12.0)
+        return tune.Measurement([ms, ms + 1, ms - 1], self.losses.get(trial.key, [5.0, 4.0]), 0.1)
+
+
+def test_tune_with_a_fake_timer_chooses_by_step_time_and_writes_the_lock(tiny_setup, tmp_path):
+    out = str(tmp_path / "job.lock.json")
+    timer = FakeTimer()
+    stream = io.StringIO()
+    lock = tune.Tuner(tiny_setup, out, timer, stream=stream).run()
+    assert timer.calls == [t.key for t in tiny_setup.trials()] + ["tuned"]
+    att = lock.choice("attention", ("standard",))
+    assert att.full_name == "eager@veomni-ops/standard" and att.static == "sdpa@veomni-ops/standard"
+    assert att.step_ms == 8.0 and att.static_step_ms == 10.0
+    assert att.why.startswith("measured fastest in the job's step: 8.00 vs 10.00 ms for the static "
+                              "sdpa@veomni-ops/standard (-20.0%")
+    ce = lock.choice("cross_entropy", ("fused_linear", "logits"))
+    assert ce.full_name == ce.static == "chunked@veomni-ops/fused_linear"  # every other CE candidate: 12 ms
+    assert ce.why.startswith("the static choice kept: no candidate 1% faster than its 10.00 ms")
+    assert lock.choice("rms_norm", ("standard",)).why.startswith("the only kernel usable here")
+    assert (lock.static_step_ms, lock.tuned_step_ms) == (10.0, 7.5)
+    on_disk = load_lock(out)
+    assert on_disk.to_dict() == lock.to_dict() and mismatches(on_disk, tiny_setup.device, compile=False) == []
+    assert set(on_disk.measurements) == set(timer.calls) and not os.path.exists(tune.side_path(out))
+    lines = stream.getvalue().splitlines()  # not a terminal: one plain line per trial
+    n = len(timer.calls)
+    assert lines[0].startswith("tune [") and f"1/{n}" in lines[0] and "static auto" in lines[0]
+    assert lines[-1].startswith(f"tune [{'#' * 24}] {n}/{n}") and "7.50 ms/step (median of 3)" in lines[-1]
+
+
+def test_a_small_gain_a_failed_candidate_and_other_losses_keep_the_static_choice(tiny_setup, tmp_path):
+    att = "attention/standard:eager@veomni-ops/standard"
+    ce = [t.key for t in tiny_setup.trials() if t.key.startswith("cross_entropy")]
+    timer = FakeTimer(ms={att: 9.95, ce[0]: 5.0, ce[1]: 6.0, "tuned": 9.0}, fail=(ce[0],),
+                      losses={ce[1]: [5.0, 4.1]})
+    lock = tune.Tuner(tiny_setup, str(tmp_path / "l.json"), timer, stream=io.StringIO()).run()
+    assert lock.choice("attention", ("standard",)).kernel == "sdpa"  # 0.5% faster: below --min-gain
+    why = lock.choice("cross_entropy", ("fused_linear", "logits")).why
+    assert lock.choice("cross_entropy", ("fused_linear", "logits")).kernel == "chunked"
+    assert "refused: RuntimeError: CUDA error" in why
+    assert "refused: loss 4.1 at step 2 differs from the static plan's 4 by more than 0.001 relative" in why
+    assert lock.measurements[ce[0]]["error"].startswith("RuntimeError") and "tuned" not in timer.calls
+    lock = tune.Tuner(tiny_setup, str(tmp_path / "l2.json"), FakeTimer(ms={att: 9.95}), min_gain=0.0,
+                      stream=io.StringIO()).run()
+    assert lock.choice("attention", ("standard",)).kernel == "eager"
+
+
+def test_tuned_plan_slower_than_static_warns(tiny_setup, tmp_path):
+    with pytest.warns(tune.TuneWarning, match="the tuned plan measured slower than the static one"):
+        tune.Tuner(tiny_setup, str(tmp_path / "l.json"), FakeTimer(ms={"tuned": 11.0}), stream=io.StringIO()).run()
+
+
+def test_static_plan_that_fails_stops_the_tune(tiny_setup, tmp_path):
+    with pytest.raises(tune.TuneError, match="does not train with its static plan .*veomni-ops train JOB.yaml"):
+        tune.Tuner(tiny_setup, str(tmp_path / "l.json"), FakeTimer(fail=("static",)), stream=io.StringIO()).run()
+
+
+def test_interrupted_tune_resumes_without_timing_again(tiny_setup, tmp_path, capsys):
+    out = str(tmp_path / "job.lock.json")
+    trials = [t.key for t in tiny_setup.trials()]
+    with pytest.raises(KeyboardInterrupt):
+        tune.Tuner(tiny_setup, out, FakeTimer(interrupt_at=3), stream=io.StringIO()).run()
+    assert not os.path.exists(out)
+    kept = json.loads(Path(tune.side_path(out)).read_text())["measurements"]
+    assert list(kept) == trials[:2]
+    second = FakeTimer()
+    stream = io.StringIO()
+    lock = tune.Tuner(tiny_setup, out, second, stream=stream).run()
+    assert second.calls == trials[2:] + ["tuned"]
+    assert stream.getvalue().count("(measured before: kept)") == 2
+    assert lock.measurements["static"] == kept["static"] and not os.path.exists(tune.side_path(out))
+    full = tune.Tuner(tiny_setup, str(tmp_path / "full.json"), FakeTimer(), stream=io.StringIO()).run()
+    assert [c.to_dict() for c in lock.choices] == [c.to_dict() for c in full.choices]
+
+
+def test_side_file_of_another_setup_is_not_resumed(tiny_setup, tmp_path):
+    out = str(tmp_path / "job.lock.json")
+    with pytest.raises(KeyboardInterrupt):
+        tune.Tuner(tiny_setup, out, FakeTimer(interrupt_at=2), method={"timed_steps": 5},
+                   stream=io.StringIO()).run()
+    timer = FakeTimer()
+    with pytest.warns(tune.TuneWarning, match="not resumed, its measurements were made under another method"):
+        tune.Tuner(tiny_setup, out, timer, method={"timed_steps": 3}, stream=io.StringIO()).run()
+    assert timer.calls[0] == "static"
+    Path(tune.side_path(out)).write_text("{half a file")
+    with pytest.warns(tune.TuneWarning, match="unreadable"):
+        tune.Tuner(tiny_setup, out, FakeTimer(), stream=io.StringIO())
+    timer = FakeTimer()
+    tune.Tuner(tiny_setup, out, timer, fresh=True, stream=io.StringIO()).run()
+    assert timer.calls[0] == "static"
+
+
+def test_dry_run_prints_what_it_would_time(tmp_path, capsys):
+    job = write_job(tmp_path)
+    out = str(tmp_path / "job.lock.json")
+    assert main(["tune", job, "--dry-run", "--steps", "3"]) == 0
+    text = capsys.readouterr().out
+    assert f"lock: {out}" in text and "cpu (cpu), eager mode, float32, batch 2 x seq 8 = 16 tokens/step" in text
+    assert "each 2 warm-up + 3 timed steps" in text
+    lines = [ln.split() for ln in text.splitlines()]
+    assert ["1", "static", "every", "op", "at", "its", "static", "auto", "choice"] in lines
+    assert any(ln[1:4] == ["attention/standard", "eager@veomni-ops/standard", "sdpa@veomni-ops/standard"]
+               for ln in lines if len(ln) >= 4)
+    assert "rms_norm/standard: eager@veomni-ops/standard" in text  # one usable kernel: not timed
+    assert not os.path.exists(out) and not os.path.exists(tune.side_path(out))
+    # Measurements an interrupted tune kept are marked.
+    s = tune.setup(train.load_job(job))
+    with pytest.raises(KeyboardInterrupt):
+        tune.Tuner(s, out, FakeTimer(interrupt_at=2), method={"what": tune.command.WHAT, "timed_steps": 3,
+                                                              "warmup_steps": 2}, stream=io.StringIO()).run()
+    assert main(["tune", job, "--dry-run", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.count("(measured before: kept)") == 1
+    assert json.loads(captured.out)["trials"][0] == {"key": "static", "label": s.trials()[0].label}
+
+
+def test_tune_refusals_name_the_fix(tmp_path, capsys):
+    job = write_job(tmp_path)
+    assert main(["tune", job, "--op", "norm", "--dry-run"]) == 1
+    assert "--op norm: no such op; the ops: rms_norm" in capsys.readouterr().err
+    par = tmp_path / "par.yaml"
+    par.write_text(Path(job).read_text() + "parallel: {dp_shard: 2}\n")
+    assert main(["tune", str(par), "--dry-run"]) == 1
+    assert "tune times one process" in capsys.readouterr().err
+
+
+def test_real_tune_on_cpu_and_train_takes_the_lock(tmp_path, capsys):
+    """End to end: time every trial of the tiny job (1 warm-up + 1 timed step each), write the lock;
+    then ``train`` with it, through ``--lock`` and through the job's ``lock:`` key."""
+    job = write_job(tmp_path, lock="tiny.lock.json")
+    out = str(tmp_path / "tiny.lock.json")
+    assert main(["tune", job, "--steps", "1", "--warmup", "1", "--op", "attention"]) == 0
+    captured = capsys.readouterr()
+    assert f"plan lock written: {out}" in captured.out and "tune [" in captured.err
+    lock = load_lock(out)
+    assert [c.op for c in lock.choices] == ["attention"] and lock.method["timed_steps"] == 1
+    assert set(lock.measurements) >= {"static", "attention/standard:eager@veomni-ops/standard"}
+    for key, m in lock.measurements.items():
+        assert m["error"] is None and len(m["step_ms"]) == 1 and len(m["losses"]) == 2, key
+    assert "refused" not in lock.choices[0].why  # eager and sdpa attention agree in float32
+    chosen = lock.choices[0]
+    res = train.train_one(train.load_job(job), out=io.StringIO())  # the job's lock: key
+    entry = next(e for e in res["plan"]["entries"] if e["op"] == "attention")
+    assert (entry["kernel"], entry["reason"]) == (chosen.kernel, f"auto by plan lock {out}: {chosen.why}")
+    assert "lock: in" in res["plan"]["lock"]
+    other = tmp_path / "other.lock.json"
+    dataclasses.replace(lock, mode="compile").save(other)
+    assert main(["train", job, "--lock", str(other), "--steps", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "plan lock" in err and "does not match here: mode: the lock was tuned in compile mode" in err
+
+
+def test_tune_in_compile_mode_binds_for_compile(tmp_path, monkeypatch):
+    compiled = []
+    monkeypatch.setattr(torch, "compile", lambda m, **kw: compiled.append(m) or m)  # inductor on CPU is slow
+    s = tune.setup(train.load_job(write_job(tmp_path, compile=True)))
+    assert s.mode == "compile" and s.static_plan.compile
+    trial = next(t for t in s.trials() if t.candidate is not None and t.request.op == "attention")
+    m = tune.StepTimer(s, steps=1, warmup=1)(trial)
+    assert m.ok and len(m.step_ms) == 1 and compiled
+    assert trial.lock.mode == "compile"
+
+
+def test_progress_redraws_in_place_on_a_terminal():
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    stream = Tty()
+    p = tune.Progress(2, stream)
+    p.start(0, "static")
+    p.finish(1, "static", "1.00 ms/step")
+    text = stream.getvalue()
+    assert text.startswith("\r\033[Ktune [") and "timing static ..." in text and text.endswith("1.00 ms/step\n")

@@ -6,6 +6,7 @@
                                                      the main job (see veomni_ops.train)
     veomni-ops check [--backend NAME] [--op OP]      every usable kernel against the reference
     veomni-ops bench [--op OP] [--preset NAME]       every usable kernel against eager, timed
+    veomni-ops tune JOB [--out LOCK] [--dry-run]     time each op's candidates in the job's steps; write a plan lock
 
 Exit codes: 0 ok; 1 the request was refused or a check failed (explanation on stderr; with
 the ``--json`` flag also ``{"error": ..., "kind": ...}`` on stdout); 2 bad usage.
@@ -40,6 +41,7 @@ EXTERNAL_COMMANDS = {
     "train": ("veomni_ops.train", "train a model with a plan (the demo); see examples/"),
     "check": ("veomni_ops.testing.check", "check every usable kernel against the eager reference"),
     "bench": ("veomni_ops.bench", "benchmark every usable kernel against eager"),
+    "tune": ("veomni_ops.tune", "time each op's candidate kernels inside a job's training steps; write a plan lock"),
 }
 
 # ----------------------------------------------------------------------------------------
