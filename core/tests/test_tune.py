@@ -427,10 +427,17 @@ def test_dry_run_prints_what_it_would_time(tmp_path, capsys):
     assert json.loads(captured.out)["trials"][0] == {"key": "static", "label": s.trials()[0].label}
 
 
-def test_tune_refusals_name_the_fix(tmp_path, capsys):
+def test_tune_refusals_name_the_fix(tmp_path, capsys, monkeypatch):
     job = write_job(tmp_path)
     assert main(["tune", job, "--op", "norm", "--dry-run"]) == 1
     assert "--op norm: no such op; the ops: rms_norm" in capsys.readouterr().err
+    with monkeypatch.context() as m:
+        m.setenv("VEOMNI_OPS_DEVICE", "cuda:9.0")  # planning for an H100 from this machine: a dry run only
+        gpu_job = write_job(tmp_path, name="gpu.yaml", device="cuda")
+        assert main(["tune", gpu_job, "--dry-run"]) == 0
+        assert "cuda:9.0 (override cuda:9.0), eager mode" in capsys.readouterr().out
+        assert main(["tune", gpu_job]) == 1
+        assert "the plan's device cuda:9.0 (from VEOMNI_OPS_DEVICE) is not this machine's" in capsys.readouterr().err
     par = tmp_path / "par.yaml"
     par.write_text(Path(job).read_text() + "parallel: {dp_shard: 2}\n")
     assert main(["tune", str(par), "--dry-run"]) == 1
@@ -438,6 +445,7 @@ def test_tune_refusals_name_the_fix(tmp_path, capsys):
 
 
 def test_real_tune_on_cpu_and_train_takes_the_lock(tmp_path, capsys):
+    # One timed step on a shared CPU is noisy: the tuned plan may measure slower (a warning, printed on stderr).
     """End to end: time every trial of the tiny job (1 warm-up + 1 timed step each), write the lock;
     then ``train`` with it, through ``--lock`` and through the job's ``lock:`` key."""
     job = write_job(tmp_path, lock="tiny.lock.json")

@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
 import os
 import sys
+import warnings
+from collections.abc import Iterator
 from typing import Any, TextIO
 
+from ..device import detected_device, is_local
 from ..lock import PlanLock
 from ..plan import text_columns
 from ..spec import OPS
 from ..train.job import TrainConfigError, load_job
 from .setup import TuneSetup, default_out, setup
-from .tuner import MIN_GAIN, STEPS, WARMUP, StepTimer, Tuner, read_side, side_path
+from .tuner import MIN_GAIN, STEPS, WARMUP, StepTimer, Tuner, TuneWarning, read_side, side_path
 
 #: How a trial is timed, in words (recorded in the lock's ``method``).
 WHAT = ("per trial, a fresh model of the job (its seed, data, batch, dtype and mode) trains warm-up + timed steps of "
@@ -81,7 +85,29 @@ def _warmup(args: argparse.Namespace, s: TuneSetup) -> int:
     return args.warmup if args.warmup is not None else WARMUP + (1 if s.compile else 0)
 
 
+@contextlib.contextmanager
+def _one_line_warnings() -> Iterator[None]:
+    """A tune's warnings on stderr, one line each, as the other commands print theirs."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", TuneWarning)
+        shown = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if issubclass(category, TuneWarning):
+                print(f"veomni-ops tune: warning: {message}", file=sys.stderr)
+            else:
+                shown(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+        yield
+
+
 def run(args: argparse.Namespace) -> int:
+    with _one_line_warnings():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     s = _setup(args)
     out = args.out or default_out(s.job)
     warmup = _warmup(args, s)
@@ -91,6 +117,10 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(trials_json(s, out, args.steps, warmup), indent=2))
         return 0
+    if not is_local(s.device):
+        raise TrainConfigError(f"veomni-ops tune times kernels on this machine, and the plan's device {s.device} (from "
+                               f"VEOMNI_OPS_DEVICE) is not this machine's ({detected_device()}); run it there, or "
+                               "pass --dry-run to see what it would time there")
     method = {"what": WHAT, "timed_steps": args.steps, "warmup_steps": warmup}
     _print_head(s, out, human)
     tuner = Tuner(s, out, StepTimer(s, args.steps, warmup), min_gain=args.min_gain, method=method, fresh=args.fresh)
