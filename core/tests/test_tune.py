@@ -273,6 +273,16 @@ def test_train_and_resolve_read_the_lock(tmp_path, capsys):
         train.load_job(write_job(tmp_path, name="bad.yaml", lock=""))
 
 
+def test_apply_takes_a_lock_with_a_config_not_with_a_plan(tmp_path):
+    from veomni_ops.binding import BindingError, apply
+
+    model = train.build_model(train.load_job(write_job(tmp_path)), "meta")
+    plan = apply(model, {}, lock=False).plan
+    assert plan.lock is None
+    with pytest.raises(BindingError, match="a plan lock applies when resolving: pass apply\\(model, config, lock="):
+        apply(model, plan, lock="some.lock.json")
+
+
 @pytest.fixture(scope="module")
 def tiny_setup(tmp_path_factory):
     """The tune setup of the tiny job: its requests and candidates on this CPU."""
