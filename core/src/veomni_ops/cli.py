@@ -6,6 +6,7 @@
                                                      the main job (see veomni_ops.train)
     veomni-ops check [--backend NAME] [--op OP]      every usable kernel against the reference
     veomni-ops bench [--op OP] [--preset NAME]       every usable kernel against eager, timed
+    veomni-ops tune JOB [--out LOCK] [--dry-run]     time each op's candidates in the job's steps; write a plan lock
 
 Exit codes: 0 ok; 1 the request was refused or a check failed (explanation on stderr; with
 the ``--json`` flag also ``{"error": ..., "kind": ...}`` on stdout); 2 bad usage.
@@ -40,6 +41,7 @@ EXTERNAL_COMMANDS = {
     "train": ("veomni_ops.train", "train a model with a plan (the demo); see examples/"),
     "check": ("veomni_ops.testing.check", "check every usable kernel against the eager reference"),
     "bench": ("veomni_ops.bench", "benchmark every usable kernel against eager"),
+    "tune": ("veomni_ops.tune", "time each op's candidate kernels inside a job's training steps; write a plan lock"),
 }
 
 # ----------------------------------------------------------------------------------------
@@ -141,7 +143,8 @@ def _cmd_resolve(args: argparse.Namespace) -> int:
     remote = _remote(dev)
     # Kernels are imported only when resolving for the device this process runs on; the
     # requirements of another machine cannot be seen from here (listed below as not checked).
-    plan = resolve(cfg, dev, training=not args.inference, check_requires=not remote)
+    plan = resolve(cfg, dev, training=not args.inference, check_requires=not remote, compile=args.compile,
+                   lock=_lock_of(args))
     not_checked = [{"op": e.op, "variant": e.variant, "kernel": e.kernel, "distribution": e.distribution,
                     "requires": unmet} for e in plan.entries if remote and (unmet := _unmet(e.spec.requires))]
     unmanaged = dict(cfg.unmanaged)
@@ -168,6 +171,28 @@ def _cmd_resolve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _lock_of(args: argparse.Namespace) -> Any:
+    """The plan lock of ``resolve``: ``--lock`` (explicit), else a job YAML's ``lock:`` key (found),
+    else None (``VEOMNI_OPS_LOCK``, if set)."""
+    from .lock import LockFile
+
+    if args.lock:
+        return LockFile(args.lock, explicit=True, origin="--lock")
+    import yaml
+
+    try:
+        with open(args.config) as fh:
+            data = yaml.safe_load(fh)
+    except (OSError, yaml.YAMLError):  # OpsConfig.from_yaml read it already; nothing more to find
+        return None
+    value = data.get("lock") if isinstance(data, dict) else None
+    if not isinstance(value, str):
+        return None
+    from .train.job import job_lock
+
+    return job_lock(args.config, value)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="veomni-ops", description="Kernel selection for LLM training.")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
@@ -181,6 +206,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help="resolve for this device instead of the local one (e.g. cuda:9.0)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--inference", action="store_true", help="accept kernels without a backward")
+    p.add_argument("--compile", action="store_true", help="resolve for a model run under torch.compile")
+    p.add_argument("--lock", metavar="LOCK.json", help="resolve auto with this plan lock (veomni-ops tune writes "
+                                                       "one); an error where it does not match here. Without it: "
+                                                       "the YAML's lock: key, else VEOMNI_OPS_LOCK")
     p.set_defaults(func=_cmd_resolve)
     for name, (module, help_text) in EXTERNAL_COMMANDS.items():
         p = sub.add_parser(name, help=help_text)
@@ -232,11 +261,13 @@ def _config_warnings(command: str, show: bool) -> Iterator[None]:
     """Config warnings (legacy values, unmanaged fields) reach the user: one line each on
     stderr, whatever Python's default filters say about DeprecationWarning."""
     from .config import LegacyValueWarning, UnmanagedFieldWarning
+    from .lock import LockWarning
 
-    ours = (LegacyValueWarning, UnmanagedFieldWarning)
+    ours = (LegacyValueWarning, UnmanagedFieldWarning, LockWarning)
     with warnings.catch_warnings():
         for category in ours:
-            warnings.simplefilter("always" if show else "ignore", category)
+            # A lock is read where the job is bound: in the child process of a comparison too.
+            warnings.simplefilter("always" if show or category is LockWarning else "ignore", category)
         shown = warnings.showwarning
 
         def show_warning(message, category, filename, lineno, file=None, line=None):
@@ -253,11 +284,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .config import ConfigError
     from .device import DeviceError
     from .discovery import PluginLoadError
+    from .lock import LockError
     from .resolve import ResolutionError
 
     args = build_parser().parse_args(argv)
     refusals: tuple[type[BaseException], ...] = (
-        ResolutionError, ConfigError, DeviceError, PluginLoadError, FileNotFoundError, IsADirectoryError,
+        ResolutionError, ConfigError, DeviceError, PluginLoadError, FileNotFoundError, IsADirectoryError, LockError,
     )
     try:
         from .binding import BindingError

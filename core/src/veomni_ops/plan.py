@@ -100,6 +100,8 @@ class KernelPlan:
     entries: tuple[PlanEntry, ...]
     #: resolved for a model that will run under torch.compile (only supports_compile kernels)
     compile: bool = False
+    #: the plan lock in force (``veomni_ops.lock``: which file, how it was named, where it was tuned), if any
+    lock: str | None = None
 
     @property
     def mode(self) -> str:
@@ -131,6 +133,7 @@ class KernelPlan:
         return {
             "device": self.device.to_dict(),
             "mode": self.mode,
+            "lock": self.lock,
             "config": self.config.to_dict(),
             "entries": [e.to_dict() for e in self.entries],
         }
@@ -144,7 +147,8 @@ class KernelPlan:
             (e.op, e.variant, e.kernel, f"{e.distribution} {e.version}", e.reason) for e in self.entries
         ]
         title = (f"KernelPlan for {self.device}" + (f" ({self.device.name})" if self.device.name else "")
-                 + f", mode {self.mode}" + (" (torch.compile: supports_compile kernels only)" if self.compile else ""))
+                 + f", mode {self.mode}" + (" (torch.compile: supports_compile kernels only)" if self.compile else "")
+                 + (f"; plan lock {self.lock}" if self.lock else ""))
         return "\n".join([title, *text_columns(rows)])
 
     def __str__(self) -> str:

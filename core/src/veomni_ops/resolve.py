@@ -36,6 +36,7 @@ from typing import Any, Union
 from .config import AUTO, OP_TO_FIELD, OpsConfig, as_config
 from .device import DeviceInfo, check_hardware, current_device, is_local
 from .discovery import ENV_ALLOW, ENV_DENY, ENV_STRICT, PluginLoadError, discover, strict_mode
+from .lock import LockArg, PlanLock, active_lock
 from .plan import KernelPlan, PlanEntry
 from .registry import (
     EXTRA_NOTES,
@@ -406,6 +407,7 @@ def resolve(
     compile: bool = False,
     parallel: Mapping[str, Iterable[str]] | None = None,
     check_requires: bool = True,
+    lock: LockArg = None,
 ) -> KernelPlan:
     """Resolve ``config`` for ``device`` into a :class:`KernelPlan`.
 
@@ -419,9 +421,16 @@ def resolve(
     the import (for resolving for another device); the default loads unless the device is
     one this machine is not (``VEOMNI_OPS_DEVICE=cuda:9.0`` on a CPU box). Raises :class:`ResolutionError` listing
     every refusal.
+
+    ``lock``: a plan lock (:mod:`.lock`; a path, a :class:`~veomni_ops.lock.PlanLock`, ``None``: the
+    ``VEOMNI_OPS_LOCK`` variable if set, ``False``: none). Where it matches this device, these versions
+    and this mode, its measured choice outranks the static priorities and the compile preferences
+    for every op on ``auto``; a lock passed explicitly that does not match raises
+    :class:`~veomni_ops.lock.LockMismatchError`, one found through the variable is ignored with a warning.
     """
     cfg = as_config(config)
     dev = current_device(device)
+    locked = active_lock(lock, dev, compile=compile, dtype=dtype)
     reg = registry if registry is not None else discover()
     load = is_local(dev) if load is None else load
     if needs is not None:
@@ -437,14 +446,20 @@ def resolve(
                             load=load, compile=compile,
                             features=feats.get(op, frozenset()), parallel=frozenset((parallel or {}).get(op, ())),
                             check_requires=check_requires)
-            got = _resolve_auto(reg, req) if req.name == AUTO else _resolve_named(reg, req)
+            if req.name != AUTO:
+                got = _resolve_named(reg, req)
+            elif locked is not None:
+                got = _resolve_by_lock(reg, req, locked)
+            else:
+                got = _resolve_auto(reg, req)
             if isinstance(got, Refusal):
                 refusals.append(got)
             elif all((e.op, e.variant) != (got.op, got.variant) for e in entries):
                 entries.append(got)
     if refusals:
         raise ResolutionError(refusals, dev)
-    return KernelPlan(dev, cfg, tuple(entries), compile=compile)
+    return KernelPlan(dev, cfg, tuple(entries), compile=compile,
+                      lock=locked.describe() if locked is not None else None)
 
 
 @dataclass(frozen=True)
@@ -680,3 +695,37 @@ def _resolve_auto(reg: Registry, req: OpRequest) -> PlanEntry | Refusal:
     return req.refuse(reg, RefusalKind.NOTHING_USABLE,
                       "no registered kernel is usable here" + (": " + "; ".join(passed) if passed else ""),
                       "Install a backend for this op, or check why the candidates were refused.", available=())
+
+
+def _resolve_by_lock(reg: Registry, req: OpRequest, lock: PlanLock) -> PlanEntry | Refusal:
+    """``auto`` under a plan lock in force: the lock's measured choice for this request where it
+    is usable here; otherwise the static ``auto`` (:func:`_resolve_auto`), whose reason then says
+    why the lock did not decide."""
+    choice = lock.choice(req.op, req.variants)
+    if choice is None:
+        why = f"the plan lock {lock.source} has no choice for {req.op}/{'/'.join(req.variants)}"
+    else:
+        found = [k for k in reg.for_op(req.op, choice.variant)
+                 if k.spec.name == choice.kernel and k.provenance.distribution == choice.distribution]
+        problem: str | None = None
+        if not found:
+            problem = "not registered here"
+        else:
+            rk = found[0]
+            p = req.problem(rk.spec)
+            if p is None:
+                try:
+                    entry = _entry(rk, AUTO, "", req.load)
+                except Exception as e:
+                    if strict_mode():
+                        raise _strict_import_error(rk, e, reg.name_of(rk)) from e
+                    problem = _import_why(e)
+                else:
+                    return dataclasses.replace(entry, reason=f"auto by plan lock {lock.source}: {choice.why}")
+            else:
+                problem = p.text
+        why = f"passed over the plan lock's {choice.qualified_name} ({problem})"
+    got = _resolve_auto(reg, req)
+    if isinstance(got, PlanEntry):
+        return dataclasses.replace(got, reason=f"{got.reason}; {why}")
+    return got

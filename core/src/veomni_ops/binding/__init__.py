@@ -34,6 +34,7 @@ from torch import nn
 
 from ..config import AUTO, OP_TO_FIELD, OpsConfig, as_config
 from ..device import DeviceInfo, current_device
+from ..lock import LockArg, active_lock
 from ..plan import KernelPlan, PlanEntry, text_columns
 from ..resolve import RefusalKind, ResolutionError, resolve
 from ..spec import split_name
@@ -231,6 +232,27 @@ def features_of(places: list[Place]) -> dict[str, frozenset[str]]:
     return out
 
 
+def model_needs(model: nn.Module, config: OpsConfig | Mapping[str, Any] | str | None = None
+                ) -> tuple[dict[str, list], dict[str, frozenset[str]]]:
+    """What binding ``config`` into ``model`` asks resolution for: per op the variants its places
+    need (:func:`needs_of`) and the features they need (:func:`features_of`), over the places
+    binding would fill (not those it leaves to the model's or your code)."""
+    cfg = as_config(config)
+    places = _prefer_logits_for_eager(cfg, survey(model))
+    places, _ = _usable_places(type(model).__name__, cfg, places)
+    return needs_of(places), features_of(places)
+
+
+def _prefer_logits_for_eager(cfg: OpsConfig, places: list[Place]) -> list[Place]:
+    if _kernel(cfg, "cross_entropy") == "eager":
+        # The reference means "what transformers does": logits, then the loss (and the
+        # logits are returned). Other kernels prefer the fused form, which never holds them.
+        for p in places:
+            if p.op == "cross_entropy":
+                p.variant = ("logits", "fused_linear")
+    return places
+
+
 def _model_dtype(model: nn.Module) -> str | None:
     for p in model.parameters():
         if p.is_floating_point():
@@ -267,6 +289,7 @@ def apply(
     compile: bool = False,
     parallel: ParallelRuntime | None = None,
     skip_logits: bool | None = None,
+    lock: LockArg = None,
 ) -> Binding:
     """Resolve (if given a config) and bind kernels into ``model``. Returns a :class:`Binding`
     (also ``model.veomni_ops_binding``); ``binding.remove()`` undoes it.
@@ -290,6 +313,12 @@ def apply(
     and ``wrap_plan(plan)``): resolution takes only kernels whose spec declares what the
     layout needs, and the plan's kernels are wrapped for it (Ulysses, expert parallelism)
     before they are bound.
+
+    ``lock``: a plan lock (``veomni-ops tune``; see :mod:`veomni_ops.lock`): a path or a
+    :class:`~veomni_ops.lock.PlanLock` (one that does not match this device, these versions, this
+    mode and the model's dtype is an error), ``None`` (``VEOMNI_OPS_LOCK`` if set; ignored with a
+    warning where it does not match) or ``False`` (no lock). Its choices take the ops the config
+    leaves on ``auto``.
     """
     check_transformers(type(model))
     if skip_logits not in (None, True, False):
@@ -300,32 +329,32 @@ def apply(
         current.remove()
         try:
             return apply(model, config_or_plan, device=device, registry=registry, training=training,
-                         compile=compile, parallel=parallel, skip_logits=skip_logits)
+                         compile=compile, parallel=parallel, skip_logits=skip_logits, lock=lock)
         except BaseException:
             if not getattr(model.__dict__.get("veomni_ops_binding"), "in_force", False):
                 current.restore()
             raise
-    places = survey(model)
     cfg = _config_of(config_or_plan)
-    if _kernel(cfg, "cross_entropy") == "eager":
-        # The reference means "what transformers does": logits, then the loss (and the
-        # logits are returned). Other kernels prefer the fused form, which never holds them.
-        for p in places:
-            if p.op == "cross_entropy":
-                p.variant = ("logits", "fused_linear")
-
+    places = _prefer_logits_for_eager(cfg, survey(model))
     places, skipped = _usable_places(type(model).__name__, cfg, places)
-    target = dict(registry=registry, dtype=_model_dtype(model), training=training, compile=compile,
-                  parallel=parallel.needs() if parallel is not None else None)
+    dtype = _model_dtype(model)
+    target: dict[str, Any] = dict(registry=registry, dtype=dtype, training=training, compile=compile,
+                                  parallel=parallel.needs() if parallel is not None else None)
     if isinstance(config_or_plan, KernelPlan):
         plan = config_or_plan
         if compile and not plan.compile:
             raise BindingError("this plan was resolved without compile=True; resolve it again with compile=True, "
                                "or pass apply(model, config, compile=True)")
+        if lock is not None and lock is not False:
+            raise BindingError("a plan lock applies when resolving: pass apply(model, config, lock=...), not a "
+                               "resolved plan (or resolve the plan with resolve(config, lock=...))")
         dev = plan.device
         target["compile"] = plan.compile
+        target["lock"] = False  # the plan was resolved already, with its own lock or none
     else:
         dev = current_device(device)
+        # Found and checked once; every resolution below reads the same lock (or none).
+        target["lock"] = active_lock(lock, dev, compile=compile, dtype=dtype) or False
         plan, places, no_kernel = _resolve_leaving_auto(type(model).__name__, cfg, dev, places, target)
         skipped += no_kernel
     notes: list[str] = []

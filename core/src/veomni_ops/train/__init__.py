@@ -12,6 +12,7 @@ binds it, and trains N steps of AdamW on synthetic token data.
     train: {batch_size: 4, seq_len: 128, steps: 20, lr: 1.0e-3, dtype: float32, device: auto, seed: 0,
             compile: false}
     parallel: {dp_shard: 2, sp: 2, ep: 2}    # optional: FSDP2 / Ulysses / experts over torchrun's processes
+    lock: qwen3-small.lock.json              # optional: a plan lock (veomni-ops tune), relative to this YAML
 
 With ``parallel:`` (or under ``torchrun --nproc-per-node N``) every process is one rank of the job
 (:mod:`veomni_ops.parallel`): the plan is resolved for the layout and its kernels wrapped, the
@@ -47,6 +48,11 @@ config's seed (so the same data):
   ``transformers`` (plain transformers, ``attn_implementation="sdpa"``),
   ``transformers+compile`` (the same under ``torch.compile``), ``liger`` (Liger-Kernel's own
   monkey patch for the model type, on the instance; needs liger-kernel and a GPU).
+
+``auto`` takes a plan lock's choices (:mod:`veomni_ops.lock`, written by ``veomni-ops tune``)
+where it matches this device, these versions, the mode and the dtype: ``--lock FILE`` (a
+mismatch is an error), else the job's ``lock:`` key, else ``VEOMNI_OPS_LOCK`` (a mismatch or a
+missing file warns, and ``auto`` keeps the static priorities).
 
 After comparing, every run's losses are checked: each must be finite, and at every step
 ``|loss - loss of the first run| <= TOL * max(|loss of the first run|, 1)``. TOL is

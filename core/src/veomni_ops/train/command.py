@@ -53,12 +53,21 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the results as JSON on stdout (progress on stderr)")
     p.add_argument("--plot", metavar="PATH.png", help="draw every run's loss curve and tokens/s into a PNG "
                                                       "(needs matplotlib)")
+    p.add_argument("--lock", metavar="LOCK.json", help="bind CONFIG's job with this plan lock (veomni-ops tune "
+                                                       "writes one); an error where it does not match this device, "
+                                                       "these versions or the job's mode and dtype. Without it: the "
+                                                       "job's lock: key, else VEOMNI_OPS_LOCK")
     p.add_argument("--result-file", help=argparse.SUPPRESS)
     p.add_argument("--as-baseline", choices=list(BASELINES), help=argparse.SUPPRESS)
 
 
-def _load(path: str, args: argparse.Namespace) -> dict[str, Any]:
+def _load(path: str, args: argparse.Namespace, main: bool = True) -> dict[str, Any]:
+    """The job at ``path`` with the options applied (``--lock`` to CONFIG's job, the ``main`` one)."""
     job = load_job(path)
+    if main and getattr(args, "lock", None):
+        from ..lock import LockFile
+
+        job["lock"] = LockFile(args.lock, explicit=True, origin="--lock")
     if args.seed is not None:
         job["train"]["seed"] = args.seed
     if args.steps is not None:
@@ -72,6 +81,7 @@ def _run_as_child(args: argparse.Namespace) -> int:
     from ..config import ConfigError
     from ..device import DeviceError
     from ..discovery import PluginLoadError
+    from ..lock import LockError
     from ..reporting import ENV_TRACE, error_text
     from ..resolve import ResolutionError
 
@@ -79,7 +89,7 @@ def _run_as_child(args: argparse.Namespace) -> int:
         res = train_one(_load(args.config, args), baseline=args.as_baseline)
     except Exception as e:
         refusal = isinstance(e, (ConfigError, TrainConfigError, FileNotFoundError, ResolutionError, BindingError,
-                                 DeviceError, PluginLoadError))
+                                 DeviceError, PluginLoadError, LockError))
         message = error_text(e, refusal=refusal)
         if os.environ.get(ENV_TRACE, "") not in ("", "0"):
             import traceback
@@ -103,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         raise TrainConfigError("--plot needs matplotlib, which is not installed here: pip install matplotlib")
     for name in args.baseline:
         check_baseline(name, job)
-    jobs = [job] + ([_load(args.compare, args)] if args.compare else [])  # fail fast on a bad second config
+    jobs = [job] + ([_load(args.compare, args, main=False)] if args.compare else [])  # fail fast on a bad second config
     if any(j["train"]["compile"] for j in jobs):
         from ..binding import apply
 
@@ -130,9 +140,10 @@ def run(args: argparse.Namespace) -> int:
             specs.append((args.compare, None, args.compare))
         specs += [(args.config, name, f"baseline {name} ({BASELINES[name]})") for name in args.baseline]
         runs = []
-        for path, baseline, title in specs:
+        for i, (path, baseline, title) in enumerate(specs):
             print(f"== {title}", file=human, flush=True)
-            runs.append(run_child(path, seed, args.steps, baseline))
+            lock = {"lock": args.lock} if i == 0 and args.lock else {}  # --lock is CONFIG's
+            runs.append(run_child(path, seed, args.steps, baseline, **lock))
     rep = report(runs, list(range(1, len(runs))), args.loss_tol)
     if args.plot:
         plot(runs, rep, args.plot)

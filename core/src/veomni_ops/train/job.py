@@ -97,12 +97,28 @@ def load_job(path: str) -> dict[str, Any]:
     train.update(data.get("train") or {})
     if not isinstance(train["compile"], bool):
         raise TrainConfigError(f"{path}: train.compile must be true or false, not {train['compile']!r}")
-    unknown_top = set(data) - {"model", "train", "parallel"}
+    unknown_top = set(data) - {"model", "train", "parallel", "lock"}
     if unknown_top:
         raise TrainConfigError(f"{path}: unknown section(s): {', '.join(sorted(unknown_top))}; known: model, train, "
-                               "parallel")
+                               "parallel, lock")
     return {"path": path, "architecture": arch, "size": size, "config_file": config_file, "ops": ops,
-            "overrides": overrides, "train": train, "parallel": _load_parallel(path, data.get("parallel"))}
+            "overrides": overrides, "train": train, "parallel": _load_parallel(path, data.get("parallel")),
+            "lock": job_lock(path, data.get("lock"))}
+
+
+def job_lock(path: str, value: Any):
+    """The job's ``lock: PATH`` key (relative to the YAML's folder) as a found lock
+    (:class:`veomni_ops.lock.LockFile`, not explicit: a missing or mismatched file is ignored with a
+    warning), or None."""
+    from ..lock import LockFile
+
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise TrainConfigError(f"{path}: lock must be the path of a plan lock file (veomni-ops tune writes one), "
+                               f"not {value!r}")
+    where = os.path.join(os.path.dirname(os.path.abspath(path)), os.path.expanduser(value))
+    return LockFile(os.path.normpath(where), explicit=False, origin=f"lock: in {path}")
 
 
 def _load_parallel(path: str, section: Any):

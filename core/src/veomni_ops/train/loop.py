@@ -59,6 +59,7 @@ def _prepare(job: dict[str, Any], baseline: str | None, device: str, dtype, out,
         if rt is not None:
             rt.prepare(model)
             kw["parallel"] = rt
+        kw["lock"] = job.get("lock")  # --lock, the job's lock: key, or (None) VEOMNI_OPS_LOCK
         binding = apply(model, job["ops"], compile=True, **kw) if compiled else apply(model, job["ops"], **kw)
         print(binding.plan.table(), file=out)
         print(f"bound: {json.dumps(binding.summary())}", file=out)
@@ -179,8 +180,10 @@ def _train(job: dict[str, Any], out, baseline: str | None = None, rt=None) -> di
     return result
 
 
-def run_child(path: str, seed: int | None, steps: int | None = None, baseline: str | None = None) -> dict[str, Any]:
-    """Train ``path`` (as ``baseline`` if given) in a fresh process so its peak memory is its own."""
+def run_child(path: str, seed: int | None, steps: int | None = None, baseline: str | None = None,
+              lock: str | None = None) -> dict[str, Any]:
+    """Train ``path`` (as ``baseline`` if given; with the plan lock ``lock`` passed as ``--lock``) in a
+    fresh process so its peak memory is its own."""
     with tempfile.NamedTemporaryFile("r", suffix=".json", delete=False) as fh:
         out_path = fh.name
     cmd = [sys.executable, "-m", "veomni_ops.cli", "train", path, "--result-file", out_path]
@@ -190,6 +193,8 @@ def run_child(path: str, seed: int | None, steps: int | None = None, baseline: s
         cmd += ["--steps", str(steps)]
     if baseline is not None:
         cmd += ["--as-baseline", baseline]
+    if lock is not None:
+        cmd += ["--lock", lock]
     try:
         try:
             sink: int | None = sys.stderr.fileno()

@@ -1,0 +1,211 @@
+"""The ``veomni-ops tune`` command: its options, the dry run, and the report of a tune."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import sys
+import warnings
+from collections.abc import Iterator
+from typing import Any, TextIO
+
+from ..device import detected_device, is_local
+from ..lock import PlanLock
+from ..plan import text_columns
+from ..spec import OPS
+from ..train.job import TrainConfigError, load_job
+from .setup import TuneSetup, default_out, setup
+from .tuner import MIN_GAIN, STEPS, WARMUP, StepTimer, Tuner, TuneWarning, read_side, side_path
+
+#: How a trial is timed, in words (recorded in the lock's ``method``).
+WHAT = ("per trial, a fresh model of the job (its seed, data, batch, dtype and mode) trains warm-up + timed steps of "
+        "forward, backward and AdamW; the wall time of each timed step (it ends with the loss read back); the "
+        "median. A candidate is timed with every other op at its static auto choice; its losses must agree with "
+        "the static plan's")
+
+
+def _count(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return n
+
+
+def _gain(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        x = -1.0
+    if not (0 <= x < 1):
+        raise argparse.ArgumentTypeError(f"expected a relative gain in [0, 1) (e.g. 0.01 for 1%), got {text!r}")
+    return x
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="job YAML of veomni-ops train (the model, its shapes, dtype and mode come from it)")
+    p.add_argument("--out", metavar="LOCK.json", help="where to write the plan lock (default: the job's lock: key, "
+                                                      "else JOB.lock.json beside the YAML)")
+    p.add_argument("--steps", type=_count, default=STEPS, metavar="N",
+                   help=f"timed training steps per trial (default {STEPS})")
+    p.add_argument("--warmup", type=_count, metavar="N",
+                   help=f"untimed steps per trial before them (default {WARMUP}, {WARMUP + 1} in compile mode)")
+    p.add_argument("--min-gain", type=_gain, default=MIN_GAIN, metavar="F",
+                   help=f"a candidate replaces the static choice only when its step is this much faster (default "
+                        f"{MIN_GAIN:g}: 1%%)")
+    p.add_argument("--op", action="append", default=[], metavar="OP",
+                   help=f"tune only this op (repeatable; the others keep the static choice): {', '.join(OPS)}")
+    p.add_argument("--fresh", action="store_true", help="time everything again, ignoring the measurements an "
+                                                        "interrupted tune kept (LOCK.json.partial)")
+    p.add_argument("--dry-run", action="store_true", help="print what would be timed, and exit")
+    p.add_argument("--json", action="store_true", help="print the lock (or, with --dry-run, the trials) as JSON on "
+                                                       "stdout; the report goes to stderr")
+
+
+def _setup(args: argparse.Namespace) -> TuneSetup:
+    if args.steps < 1:
+        raise TrainConfigError("--steps: a tune needs at least 1 timed step per trial")
+    unknown = [op for op in args.op if op not in OPS]
+    if unknown:
+        raise TrainConfigError(f"--op {', '.join(unknown)}: no such op; the ops: {', '.join(OPS)}")
+    job = load_job(args.config)
+    s = setup(job)
+    if args.op:
+        s = dataclasses.replace(s, requests=tuple(r for r in s.requests if r.op in args.op))
+    return s
+
+
+def _warmup(args: argparse.Namespace, s: TuneSetup) -> int:
+    return args.warmup if args.warmup is not None else WARMUP + (1 if s.compile else 0)
+
+
+@contextlib.contextmanager
+def _one_line_warnings() -> Iterator[None]:
+    """A tune's warnings on stderr, one line each, as the other commands print theirs."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", TuneWarning)
+        shown = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if issubclass(category, TuneWarning):
+                print(f"veomni-ops tune: warning: {message}", file=sys.stderr)
+            else:
+                shown(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+        yield
+
+
+def run(args: argparse.Namespace) -> int:
+    with _one_line_warnings():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    s = _setup(args)
+    out = args.out or default_out(s.job)
+    warmup = _warmup(args, s)
+    human = sys.stderr if args.json else sys.stdout
+    if args.dry_run:
+        dry_run(s, out, args.steps, warmup, args.fresh, human)
+        if args.json:
+            print(json.dumps(trials_json(s, out, args.steps, warmup), indent=2))
+        return 0
+    if not is_local(s.device):
+        raise TrainConfigError(f"veomni-ops tune times kernels on this machine, and the plan's device {s.device} (from "
+                               f"VEOMNI_OPS_DEVICE) is not this machine's ({detected_device()}); run it there, or "
+                               "pass --dry-run to see what it would time there")
+    method = {"what": WHAT, "timed_steps": args.steps, "warmup_steps": warmup}
+    _print_head(s, out, human)
+    tuner = Tuner(s, out, StepTimer(s, args.steps, warmup), min_gain=args.min_gain, method=method, fresh=args.fresh)
+    lock = tuner.run()
+    report(lock, s, out, human)
+    if args.json:
+        print(json.dumps(_finite(lock.to_dict()), indent=2))
+    return 0
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def _print_head(s: TuneSetup, out: str, stream: TextIO) -> None:
+    sh = s.shapes
+    print(f"tune {s.job['path']}: {s.device}" + (f" ({s.device.name})" if s.device.name else "")
+          + f", {s.mode} mode, {s.dtype}, batch {sh['batch_size']} x seq {sh['seq_len']} = {sh['tokens_per_step']} "
+            "tokens/step", file=stream)
+    print(f"lock: {out}", file=stream)
+
+
+def dry_run(s: TuneSetup, out: str, steps: int, warmup: int, fresh: bool, stream: TextIO) -> None:
+    """What a tune of ``s`` would time, in words (nothing is built on the device, nothing timed)."""
+    _print_head(s, out, stream)
+    kept = {} if fresh else (read_side(side_path(out)) or {}).get("measurements", {})
+    print(f"method: {WHAT}", file=stream)
+    trials = s.trials()
+    print(f"\ntrials ({len(trials)}, each {warmup} warm-up + {steps} timed steps; then the tuned plan once, if any "
+          "choice differs from the static one):", file=stream)
+    rows = [("#", "request", "candidate", "static choice", "note")]
+    for i, t in enumerate(trials, 1):
+        note = " (measured before: kept)" if t.key in kept else ""
+        if t.request is None or t.candidate is None:
+            rows.append((str(i), "static", "every op at its static auto choice", "", note.strip()))
+        else:
+            static = t.request.static.full_name if t.request.static else "-"
+            rows.append((str(i), t.request.label, t.candidate.full_name, static, note.strip()))
+    for line in text_columns(rows, "  "):
+        print(line, file=stream)
+    untimed = [r for r in s.requests if not r.timed]
+    if untimed:
+        print("\nnot timed (one usable kernel, taken as it is):", file=stream)
+        for r in untimed:
+            print(f"  {r.label}: " + (r.candidates[0].full_name if r.candidates else "none usable here: auto "
+                                      "leaves its places to the model's own code"), file=stream)
+    passed = [(r, p) for r in s.requests for p in r.passed]
+    if passed:
+        print("\nnot candidates here:", file=stream)
+        for r, p in passed:
+            print(f"  {r.label}: {p}", file=stream)
+    if s.named:
+        print("\nnamed in the config (never tuned): " + ", ".join(f"{f}: {v}" for f, v in s.named), file=stream)
+
+
+def trials_json(s: TuneSetup, out: str, steps: int, warmup: int) -> dict[str, Any]:
+    return {"job": s.job["path"], "lock": out, "device": str(s.device), "mode": s.mode, "dtype": s.dtype,
+            "shapes": s.shapes, "timed_steps": steps, "warmup_steps": warmup,
+            "trials": [{"key": t.key, "label": t.label} for t in s.trials()],
+            "requests": [{"op": r.op, "variants": list(r.variants), "static": r.static and r.static.full_name,
+                          "candidates": [c.full_name for c in r.candidates], "passed": list(r.passed)}
+                         for r in s.requests]}
+
+
+def report(lock: PlanLock, s: TuneSetup, out: str, stream: TextIO) -> None:
+    """The choices of a finished tune, the static and the tuned step, and how to use the lock."""
+    print(f"\nplan lock written: {out}", file=stream)
+    rows = [("op/variants", "chosen", "static auto", "ms/step", "why")]
+    for c in lock.choices:
+        ms = "-" if c.step_ms is None else f"{c.step_ms:.2f}" + (f" ({c.static_step_ms:.2f})"
+                                                                  if c.static_step_ms != c.step_ms else "")
+        rows.append((f"{c.op}/{'|'.join(c.variants)}", c.full_name, c.static or "-", ms, c.why.split(" (")[0]))
+    for line in text_columns(rows, "  "):
+        print(line, file=stream)
+    st, tu = lock.static_step_ms, lock.tuned_step_ms
+    if st and tu and not (math.isnan(st) or math.isnan(tu)):
+        print(f"static auto {st:.2f} ms/step, tuned {tu:.2f} ms/step (both measured in this tune): {st / tu:.3f}x "
+              "the static plan's speed", file=stream)
+    rel = os.path.relpath(out, os.path.dirname(os.path.abspath(s.job["path"])))
+    rel = os.path.abspath(out) if rel.startswith("..") else rel
+    print(f"use it: veomni-ops train {s.job['path']} --lock {out}  (or put `lock: {rel}` in the job YAML, or set "
+          f"VEOMNI_OPS_LOCK={out})", file=stream)

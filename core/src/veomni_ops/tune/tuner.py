@@ -1,0 +1,295 @@
+"""Timing the trials of a :class:`~.setup.TuneSetup`, keeping each measurement as it comes (a
+side file beside the lock, so an interrupted tune resumes), choosing per request, writing the lock."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import statistics
+import sys
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from ..lock import LockChoice, PlanLock, write_json_atomic
+from ..train.report import default_loss_tol
+from .setup import Candidate, Request, Trial, TuneSetup
+
+#: Default: a candidate replaces the static choice only when its step is this much faster (relative).
+MIN_GAIN = 0.01
+#: Default timed steps per trial, and warm-up steps (eager; compile mode adds one for compilation).
+STEPS = 5
+WARMUP = 2
+
+
+class TuneError(RuntimeError):
+    """A tune cannot go on (the static plan does not train, a trial bound another kernel)."""
+
+
+class TuneWarning(UserWarning):
+    """Something a tune's user should know that does not stop it (a side file not resumed, the
+    tuned plan slower than the static one)."""
+
+
+@dataclass
+class Measurement:
+    """One trial's result: the timed steps' wall times (ms), every step's loss, peak memory; or
+    why it failed (``error``)."""
+
+    step_ms: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    peak_gib: float | None = None
+    error: str | None = None
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.step_ms) if self.step_ms else math.nan
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and bool(self.step_ms)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"median_ms": None if math.isnan(self.median_ms) else self.median_ms, "step_ms": self.step_ms,
+                "losses": self.losses, "peak_gib": self.peak_gib, "error": self.error}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Measurement:
+        return cls(list(d.get("step_ms") or []), list(d.get("losses") or []), d.get("peak_gib"), d.get("error"))
+
+
+#: What times a trial: given it, the measurement (the default trains the job: :class:`StepTimer`).
+Timer = Callable[[Trial], Measurement]
+
+
+class StepTimer:
+    """Times a trial by training the job's model: a fresh model from the job's seed, bound with the
+    trial's lock (or the static plan), compiled where the job is, ``warmup`` + ``steps`` steps of
+    forward, backward and AdamW on the job's batch; the wall time of each step after the warm-up
+    (each step ends with the loss read back, a device sync). Checks that the trial's candidate
+    is the kernel bound for its request."""
+
+    def __init__(self, setup: TuneSetup, steps: int = STEPS, warmup: int = WARMUP):
+        self.setup, self.steps, self.warmup = setup, steps, warmup
+
+    def __call__(self, trial: Trial) -> Measurement:
+        import gc
+
+        import torch
+
+        from ..train.loop import train_one
+
+        job = dict(self.setup.job)
+        job["train"] = {**job["train"], "steps": self.warmup + self.steps}
+        job["lock"] = trial.lock
+        if self.setup.compile:
+            torch._dynamo.reset()  # each trial compiles its own model: no cache limit, no stale graph
+        log = io.StringIO()
+        try:
+            res = train_one(job, out=log)
+        finally:
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        if trial.request is not None and trial.candidate is not None:
+            _check_bound(trial.request, trial.candidate, res["plan"])
+        tokens = int(job["train"]["batch_size"]) * int(job["train"]["seq_len"])
+        rates = res["step_tokens_per_s"][self.warmup:]
+        return Measurement([tokens / r * 1e3 for r in rates], list(res["losses"]), res.get("peak_gib"))
+
+
+def _check_bound(request: Request, c: Candidate, plan: dict[str, Any]) -> None:
+    for e in plan["entries"]:
+        if e["op"] == request.op and e["variant"] in request.variants:
+            if (e["kernel"], e["distribution"], e["variant"]) == (c.kernel, c.distribution, c.variant):
+                return
+            raise TuneError(f"{request.label}: the trial of {c.full_name} bound {e['kernel']}@{e['distribution']}/{e['variant']} "
+                            f"({e['reason']}); this is a bug in veomni-ops tune or the lock's matching: report it")
+    raise TuneError(f"{request.label}: the trial of {c.full_name} bound no kernel for the op; this is a bug in "
+                    "veomni-ops tune: report it")
+
+
+class Progress:
+    """A progress bar on a terminal (redrawn in place), one plain line per trial otherwise."""
+
+    WIDTH = 24
+
+    def __init__(self, total: int, stream: TextIO | None = None):
+        self.total, self.stream = total, stream if stream is not None else sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+
+    def _bar(self, done: int) -> str:
+        n = done * self.WIDTH // max(self.total, 1)
+        return f"tune [{'#' * n}{'.' * (self.WIDTH - n)}] {done}/{self.total}"
+
+    def start(self, done: int, label: str) -> None:
+        if self.tty:
+            self.stream.write(f"\r\033[K{self._bar(done)}  timing {label} ...")
+            self.stream.flush()
+
+    def finish(self, done: int, label: str, text: str) -> None:
+        line = f"{self._bar(done)}  {label}: {text}"
+        self.stream.write(f"\r\033[K{line}\n" if self.tty else line + "\n")
+        self.stream.flush()
+
+
+def describe(m: Measurement) -> str:
+    if not m.ok:
+        return f"failed: {m.error}"
+    peak = f", peak {m.peak_gib:.2f} GiB" if m.peak_gib is not None else ""
+    return f"{m.median_ms:.2f} ms/step (median of {len(m.step_ms)}){peak}"
+
+
+class Tuner:
+    """Times every trial of ``setup`` with ``timer`` (measurements kept in ``side`` as they come,
+    resumed from it), chooses per request, and writes the lock to ``out``."""
+
+    def __init__(self, setup: TuneSetup, out: str, timer: Timer, *, min_gain: float = MIN_GAIN,
+                 method: dict[str, Any] | None = None, fresh: bool = False, stream: TextIO | None = None):
+        self.setup, self.out, self.timer, self.min_gain = setup, out, timer, min_gain
+        self.method = {**(method or {}), "min_gain": min_gain}
+        self.side = side_path(out)
+        self.stream = stream if stream is not None else sys.stderr
+        self.measured: dict[str, Measurement] = {} if fresh else self._resumed()
+
+    # -- the side file --------------------------------------------------------------------
+    def _header(self) -> dict[str, Any]:
+        return {**self.setup.fingerprint(), "method": self.method}
+
+    def _resumed(self) -> dict[str, Measurement]:
+        """The measurements of an earlier, interrupted tune of the same job here, if any."""
+        data = read_side(self.side)
+        if data is None:
+            return {}
+        header = self._header()
+        differs = sorted(k for k in header if data.get("header", {}).get(k) != header[k])
+        if differs:
+            warnings.warn(TuneWarning(f"{self.side}: not resumed, its measurements were made under another "
+                                      f"{', '.join(differs)}; timing everything again"), stacklevel=2)
+            return {}
+        return {k: Measurement.from_dict(v) for k, v in data.get("measurements", {}).items()}
+
+    def _keep(self) -> None:
+        write_json_atomic(self.side, {"header": self._header(),
+                                      "measurements": {k: m.to_dict() for k, m in self.measured.items()}})
+
+    # -- timing ---------------------------------------------------------------------------
+    def measure(self, trial: Trial, progress: Progress, done: int) -> Measurement:
+        if trial.key in self.measured:
+            m = self.measured[trial.key]
+            progress.finish(done, trial.label, describe(m) + " (measured before: kept)")
+            return m
+        progress.start(done - 1, trial.label)
+        try:
+            m = self.timer(trial)
+        except Exception as e:  # a candidate that fails to train is recorded, and not chosen
+            m = Measurement(error=f"{type(e).__name__}: {e}")
+        self.measured[trial.key] = m
+        self._keep()
+        progress.finish(done, trial.label, describe(m))
+        return m
+
+    def run(self) -> PlanLock:
+        trials = self.setup.trials()
+        progress = Progress(len(trials) + 1, self.stream)
+        for i, trial in enumerate(trials, 1):
+            m = self.measure(trial, progress, i)
+            if trial.key == "static" and not m.ok:
+                raise TuneError(f"{self.setup.job['path']}: the job does not train with its static plan ({m.error}); "
+                                "fix that first (veomni-ops train JOB.yaml shows the failure)")
+        choices = [self.choose(r) for r in self.setup.requests if r.candidates]
+        changed = [c for c in choices if c.static is not None and c.full_name != c.static]
+        static = self.measured["static"]
+        tuned = static
+        if changed:
+            trial = Trial("tuned", self.setup.lock(choices, source="tune trial tuned"))
+            tuned = self.measure(trial, progress, len(trials) + 1)
+            if not tuned.ok:
+                raise TuneError(f"the tuned plan does not train ({tuned.error}); each of its choices trained alone: "
+                                "re-run with --op to tune fewer ops, and report it")
+            if tuned.median_ms > static.median_ms * (1 + self.min_gain):
+                warnings.warn(TuneWarning(f"the tuned plan measured slower than the static one ({tuned.median_ms:.2f} "
+                                          f"vs {static.median_ms:.2f} ms/step): the ops' choices interact; the lock "
+                                          "keeps each op's measured choice, compare with veomni-ops train --lock"),
+                              stacklevel=2)
+        else:
+            progress.finish(len(trials) + 1, "tuned plan", "the static choice kept for every op: not timed again")
+        lock = self.setup.lock(choices, method=self.method, static_step_ms=static.median_ms,
+                               tuned_step_ms=tuned.median_ms,
+                               measurements={k: m.to_dict() for k, m in self.measured.items()},
+                               source=self.out, origin="veomni-ops tune")
+        lock.save(self.out)
+        if os.path.exists(self.side):
+            os.unlink(self.side)
+        return lock
+
+    # -- choosing -------------------------------------------------------------------------
+    def _of(self, r: Request, c: Candidate) -> Measurement:
+        return self.measured["static" if c == r.static else r.key(c)]
+
+    def choose(self, r: Request) -> LockChoice:
+        """The fastest usable candidate whose losses agree with the static plan's, where it beats the
+        static choice by ``min_gain``; otherwise the static choice."""
+        if not r.timed:
+            c = r.candidates[0]
+            return LockChoice(r.op, r.variants, c.variant, c.kernel, c.distribution,
+                              "the only kernel usable here for the model's places (not timed)",
+                              static=r.static.full_name if r.static else None)
+        ref = self.measured["static"]
+        rows, valid = [], []
+        for c in r.candidates:
+            m = self._of(r, c)
+            why = m.error if not m.ok else _loss_problem(ref, m, self.setup.dtype)
+            tag = " (static)" if c == r.static else ""
+            rows.append(f"{c.full_name}{tag} " + (f"{m.median_ms:.2f}" if why is None else f"refused: {why}"))
+            if why is None:
+                valid.append((m.median_ms, c))
+        static_c = r.static if r.static is not None else r.candidates[0]
+        static_ms = self._of(r, static_c).median_ms
+        best_ms, best = min(valid, key=lambda x: x[0]) if valid else (static_ms, static_c)
+        timed = f"median ms per training step, {self.setup.mode} mode: " + ", ".join(rows)
+        if best != static_c and best_ms < static_ms * (1 - self.min_gain):
+            why = (f"measured fastest in the job's step: {best_ms:.2f} vs {static_ms:.2f} ms for the static "
+                   f"{static_c.full_name} ({best_ms / static_ms - 1:+.1%}; {timed})")
+            chosen = best
+        else:
+            why = (f"the static choice kept: no candidate {self.min_gain:.0%} faster than its {static_ms:.2f} ms "
+                   f"({timed})")
+            chosen = static_c
+        ms = best_ms if chosen is best else static_ms
+        return LockChoice(r.op, r.variants, chosen.variant, chosen.kernel, chosen.distribution, why,
+                          static=static_c.full_name, step_ms=ms, static_step_ms=static_ms)
+
+
+def _loss_problem(ref: Measurement, m: Measurement, dtype: str) -> str | None:
+    """Why ``m``'s losses disagree with the static plan's (same seed, data, steps), or None. The
+    tolerance is ``veomni-ops train``'s (1e-3 relative in float32, 2e-2 in bf16/fp16)."""
+    tol = default_loss_tol([{"dtype": dtype}])
+    for i, (a, b) in enumerate(zip(ref.losses, m.losses), 1):
+        if not math.isfinite(b):
+            return f"loss not finite at step {i}"
+        if math.isfinite(a) and abs(b - a) > tol * max(abs(a), 1.0):
+            return f"loss {b:.5g} at step {i} differs from the static plan's {a:.5g} by more than {tol:g} relative"
+    return None
+
+
+def side_path(out: str) -> str:
+    """The side file keeping an unfinished tune's measurements (removed when the lock is written)."""
+    return out + ".partial"
+
+
+def read_side(path: str) -> dict[str, Any] | None:
+    """The side file's contents; None when there is none. An unreadable one is named, and not resumed."""
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        warnings.warn(TuneWarning(f"{path}: unreadable ({e}); not resumed, timing everything again"), stacklevel=2)
+        return None
+    return data if isinstance(data, dict) else None
+
