@@ -31,10 +31,10 @@ def test_veomni_yaml_loads_unchanged(tmp_path):
     with pytest.warns(DeprecationWarning) as rec:
         cfg = OpsConfig.from_yaml(p)
     assert cfg.attn_implementation == "flash_attention_2"
-    assert cfg.rms_norm_implementation == "liger"
-    assert cfg.cross_entropy_loss_implementation == "liger"
-    assert cfg.moe_implementation == "triton"
-    assert cfg.load_balancing_loss_implementation == "triton"
+    # VeOmni's GPU defaults are kept as written: which kernel each is depends on the device
+    on_gpu = cfg.for_device("cuda:9.0")
+    assert on_gpu.rms_norm_implementation == "liger" and on_gpu.cross_entropy_loss_implementation == "liger"
+    assert on_gpu.moe_implementation == "triton" and on_gpu.load_balancing_loss_implementation == "triton"
     msgs = " ".join(str(w.message) for w in rec)
     assert "moe_implementation: 'fused_triton' is a legacy VeOmni value; write moe_implementation: triton" in msgs
 
@@ -42,10 +42,11 @@ def test_veomni_yaml_loads_unchanged(tmp_path):
 @pytest.mark.parametrize(
     "field,value,expected",
     [
-        ("moe_implementation", "fused", "triton"),
         ("moe_implementation", "fused_npu", "npu"),
+        ("moe_implementation", "fused_quack", "quack"),
         ("cross_entropy_loss_implementation", "chunk_loss", "chunked"),
         ("attn_implementation", "veomni_flash_attention_4_with_sp", "flash_attention_4"),
+        ("attn_implementation", "veomni_flex_attention_with_sp", "flex_attention"),
     ],
 )
 def test_legacy_values_map_with_warning(field, value, expected):

@@ -1,4 +1,4 @@
-"""attention kernels (eager, sdpa): transformers' own functions with the masks transformers
+"""attention kernels (eager, sdpa, flex_attention): transformers' own functions with the masks transformers
 builds, float64 reference forward and backward (GQA, causal, padding, window, softcap),
 dropout, errors."""
 
@@ -391,3 +391,169 @@ def test_cu_seq_lens_need_a_batch_of_one_row():
     for fn in KERNELS.values():
         with pytest.raises(ValueError, match=r"cu_seq_lens_q/k describe a packed batch of one row.*batch size 2"):
             fn(Attn(2, 1, 8), q, k, v, None, cu_seq_lens_q=PACKED_CU, cu_seq_lens_k=PACKED_CU)
+
+
+# --- flex_attention: PyTorch's FlexAttention under the same contract ----------------------
+# PyTorch's FlexAttention has no backward on the CPU: there the kernel is checked forward only
+# (inputs without gradients); on a CUDA GPU forward and backward, eager (its compiled FlexAttention)
+# and under torch.compile.
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="FlexAttention's backward needs a CUDA GPU")
+DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
+
+
+def flex_qkv(device, b, hq, hk, s, d, dtype, seed, sk=None):
+    grad = device == "cuda"
+    return [t.detach().to(device).requires_grad_(grad) for t in qkv(b, hq, hk, s, d, dtype, seed, sk)]
+
+
+def check_flex(out, q, k, v, ok, scaling, softcap=None, rows=None):
+    """``out`` of flex_attention against the float64 reference; its gradients too where it has them."""
+    tol = spec("flex_attention").tolerance(str(q.dtype))
+    keep = torch.ones(ok.shape[0], ok.shape[2], dtype=torch.bool) if rows is None else rows
+    keep = keep.to(out.device)[:, :, None, None]
+    ins64 = [t.detach().cpu().double().requires_grad_() for t in (q, k, v)]
+    ok = ok | ~keep.cpu().squeeze(-1).squeeze(-1)[:, None, :, None]  # fully masked rows: not compared
+    out64 = ref64(*ins64, ok, scaling, softcap=softcap) * keep.cpu()
+    torch.testing.assert_close((out * keep).cpu().double(), out64, rtol=tol.rtol, atol=tol.atol)
+    if not q.requires_grad:
+        return
+    gy = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)) * keep.cpu()
+    grads = torch.autograd.grad(out, (q, k, v), gy.to(out.device, out.dtype))
+    grads64 = torch.autograd.grad(out64, ins64, gy.double())
+    for what, g, g64 in zip("qkv", grads, grads64):
+        torch.testing.assert_close(g.cpu().double(), g64, rtol=tol.rtol, atol=tol.atol, msg=f"grad {what}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("form", ["flex_attention", "sdpa", "eager"])
+@pytest.mark.parametrize("case", MASK_CASES)
+def test_flex_vs_float64(device, form, case):
+    """The masks transformers builds for each implementation: a BlockMask (flex_attention), a
+    boolean 4-D mask or None (sdpa), an additive 4-D mask (eager)."""
+    from veomni_ops.kernels.attention import flex_attention_kernel
+
+    b, hq, hk, s, d = 2, 4, 2, 7, 8
+    mask, ok, window = case_inputs(case, form, b, s)
+    if device == "cuda" and mask is not None:
+        mask = mask.to(device)
+    rows = ok.any(-1).squeeze(1)
+    for dtype in DTYPES:
+        q, k, v = flex_qkv(device, b, hq, hk, s, d, dtype, seed=len(case))
+        out, weights = flex_attention_kernel(Attn(hq, hk, d), q, k, v, mask, scaling=d**-0.5, sliding_window=window)
+        assert weights is None and out.shape == (b, s, hq, d) and out.dtype == dtype
+        check_flex(out, q, k, v, ok, d**-0.5, rows=rows)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_flex_softcap_vs_float64(device):
+    from veomni_ops.kernels.attention import flex_attention_kernel
+
+    b, hq, hk, s, d = 1, 2, 1, 6, 8
+    for dtype in DTYPES:
+        q, k, v = flex_qkv(device, b, hq, hk, s, d, dtype, seed=4)
+        q = (q.detach() * 6).requires_grad_(q.requires_grad)  # large scores, so the cap matters
+        out, _ = flex_attention_kernel(Attn(hq, hk, d), q, k, v, None, softcap=5.0)
+        check_flex(out, q, k, v, allowed(b, s, s, True), d**-0.5, softcap=5.0)
+        uncapped = ref64(q.detach().cpu(), k.detach().cpu(), v.detach().cpu(), allowed(b, s, s, True), d**-0.5)
+        assert not torch.allclose(out.detach().cpu().double(), uncapped, atol=1e-2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_flex_causality_window_and_decode_without_a_mask(device):
+    from veomni_ops.kernels.attention import flex_attention_kernel as flex
+
+    b, hq, hk, s, d = 2, 4, 1, 5, 8
+    dtype = torch.float64 if device == "cpu" else torch.float32
+    q, k, v = flex_qkv(device, b, hq, hk, s, d, dtype, seed=5)
+    check_flex(flex(Attn(hq, hk, d), q, k, v, None)[0], q, k, v, allowed(b, s, s, True), d**-0.5)
+    check_flex(flex(Attn(hq, hk, d, causal=False), q, k, v, None)[0], q, k, v, allowed(b, s, s, False), d**-0.5)
+    check_flex(flex(Attn(hq, hk, d), q, k, v, None, is_causal=False)[0], q, k, v, allowed(b, s, s, False), d**-0.5)
+    check_flex(flex(Attn(hq, hk, d), q, k, v, None, sliding_window=2)[0], q, k, v,
+               allowed(b, s, s, True, window=2), d**-0.5)
+    check_flex(flex(Attn(hq, hk, d), q, k, v, None, sliding_window=8)[0], q, k, v, allowed(b, s, s, True), d**-0.5)
+    # one query over six cached keys: sees them all, or what a boolean mask allows
+    q1, k6, v6 = flex_qkv(device, b, hq, hk, 1, d, dtype, seed=6, sk=6)
+    check_flex(flex(Attn(hq, hk, d), q1, k6, v6, None)[0], q1, k6, v6, torch.ones(b, 1, 1, 6, dtype=torch.bool),
+               d**-0.5)
+    ok = torch.ones(b, 1, 1, 6, dtype=torch.bool)
+    ok[1, ..., :2] = False
+    check_flex(flex(Attn(hq, hk, d), q1, k6, v6, ok.to(device))[0], q1, k6, v6, ok, d**-0.5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("form", ["cu_seq_lens", "position_ids", "cu+4d-mask"])
+def test_flex_packed_sequences_are_honoured(device, form):
+    from veomni_ops.kernels.attention import flex_attention_kernel
+
+    hq, hk, s, d = 4, 2, 9, 8
+    q, k, v = flex_qkv(device, 1, hq, hk, s, d, torch.float32, seed=11)
+    ok = allowed(1, s, s, True, segments=torch.cumsum(PACKED_POS == 0, dim=1))
+    mask, kw = None, {"position_ids": PACKED_POS.to(device)}
+    if form != "position_ids":
+        kw = {"cu_seq_lens_q": PACKED_CU.to(device), "cu_seq_lens_k": PACKED_CU.to(device)}
+    if form == "cu+4d-mask":
+        mask = torch.ones(s, s, dtype=torch.bool, device=device).tril()[None, None]
+    out, _ = flex_attention_kernel(Attn(hq, hk, d), q, k, v, mask, scaling=d**-0.5, **kw)
+    check_flex(out, q, k, v, ok, d**-0.5)
+
+
+def test_flex_refuses_what_it_cannot_honour():
+    from torch.nn.attention.flex_attention import create_block_mask
+    from veomni_ops.kernels.attention import flex_attention_kernel as flex
+
+    q, k, v = flex_qkv("cpu", 1, 4, 2, 6, 8, torch.float32, seed=9)
+    mod = Attn(4, 2, 8)
+    with pytest.raises(ValueError, match="dropout=0.1 cannot be honoured"):
+        flex(mod, q, k, v, None, dropout=0.1)
+    with pytest.raises(ValueError, match="sinks"):
+        flex(mod, q, k, v, None, s_aux=torch.zeros(4))
+    with pytest.raises(ValueError, match="position_bias"):
+        flex(mod, q, k, v, None, position_bias=torch.zeros(1))
+    with pytest.raises(ValueError, match=r"BlockMask is for \(queries, keys\) = \(5, 5\), the call has \(6, 6\)"):
+        flex(mod, q, k, v, create_block_mask(lambda b, h, i, j: j <= i, None, None, 5, 5, device="cpu"))
+    with pytest.raises(ValueError, match="not a multiple"):
+        flex(mod, q[:, :3], k, v, None)
+    with pytest.raises(ValueError, match="4-D mask"):
+        flex(mod, q, k, v, torch.ones(1, 6, dtype=torch.bool))
+
+
+def test_flex_spec_declares_what_it_honours():
+    s = spec("flex_attention")
+    assert set(s.features) == {"softcap", "sliding_window"}  # no dropout, no sinks
+    assert s.parallel == () and s.supports_backward and s.supports_compile
+    assert s.hardware.device_types == ("cuda",)  # FlexAttention has no backward on the CPU
+    assert s.priority < spec("eager").priority  # never auto's choice: named only
+
+
+def test_flex_traces_fullgraph_on_the_cpu_forward():
+    """No graph break in what the kernel builds around FlexAttention (masks from packing, the
+    window, soft-capping): dynamo and AOTAutograd trace the forward whole (the CPU has no backward)."""
+    from veomni_ops.kernels.attention import flex_attention_kernel
+
+    b, hq, hk, s, d = 2, 4, 2, 24, 8
+    q, k, v = flex_qkv("cpu", b, hq, hk, s, d, torch.float32, seed=13)
+    pos = torch.tensor([list(range(10)) + list(range(14)), list(range(24))])
+    mod = Attn(hq, hk, d)
+
+    def run(q, k, v, pos):
+        return flex_attention_kernel(mod, q, k, v, None, sliding_window=6, softcap=20.0, position_ids=pos)[0]
+
+    torch._dynamo.reset()
+    got = torch.compile(run, fullgraph=True, backend="aot_eager")(q, k, v, pos)
+    torch.testing.assert_close(got, run(q, k, v, pos))
+    segments = torch.cumsum(pos == 0, dim=1)
+    check_flex(got, q, k, v, allowed(b, s, s, True, window=6, segments=segments), d**-0.5, softcap=20.0)
+
+
+@CUDA
+def test_flex_compiles_fullgraph_forward_and_backward():
+    """Under torch.compile (inductor: FlexAttention's fused Triton kernel) as without it, against float64."""
+    from veomni_ops.kernels.attention import flex_attention_kernel
+
+    b, hq, hk, s, d = 2, 4, 2, 128, 64
+    mod = Attn(hq, hk, d)
+    compiled = torch.compile(lambda q, k, v: flex_attention_kernel(mod, q, k, v, None, sliding_window=48,
+                                                                  softcap=20.0)[0], fullgraph=True)
+    for dtype in DTYPES:
+        q, k, v = flex_qkv("cuda", b, hq, hk, s, d, dtype, seed=12)
+        check_flex(compiled(q, k, v), q, k, v, allowed(b, s, s, True, window=48), d**-0.5, softcap=20.0)

@@ -139,7 +139,7 @@ def _cmd_resolve(args: argparse.Namespace) -> int:
     from .resolve import resolve
 
     dev = current_device(args.device)
-    cfg = OpsConfig.from_yaml(args.config)
+    cfg = OpsConfig.from_yaml(args.config, defaults=args.defaults)
     remote = _remote(dev)
     # Kernels are imported only when resolving for the device this process runs on; the
     # requirements of another machine cannot be seen from here (listed below as not checked).
@@ -210,6 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lock", metavar="LOCK.json", help="resolve auto with this plan lock (veomni-ops tune writes "
                                                        "one); an error where it does not match here. Without it: "
                                                        "the YAML's lock: key, else VEOMNI_OPS_LOCK")
+    p.add_argument("--defaults", choices=("auto", "veomni"), default="auto",
+                   help="what a field the config omits is: auto (default), or VeOmni's default for it, which then "
+                        "means on each device what it means in VeOmni there")
     p.set_defaults(func=_cmd_resolve)
     for name, (module, help_text) in EXTERNAL_COMMANDS.items():
         p = sub.add_parser(name, help=help_text)

@@ -10,7 +10,14 @@ A VeOmni ``model.ops_implementation`` YAML block, or a plain dict, loads unchang
         causal_conv1d_implementation: fla          # VeOmni field for an op not managed here: kept, warns
 
 Values are plain strings, so a third-party backend's name is as valid as ours. Every field
-defaults to ``auto``: the best kernel usable here, by declared priority.
+defaults to ``auto``: the best kernel usable here, by declared priority (``defaults="veomni"``
+fills omitted fields with VeOmni's defaults instead: :meth:`OpsConfig.veomni_defaults`). A whole
+VeOmni config loads too: its ``model.ops_implementation`` block, or, without one, every default.
+
+VeOmni values whose kernel depends on the device (``moe_implementation: fused``, VeOmni's GPU
+defaults on an Ascend NPU: :data:`veomni_ops.veomni.DEVICE_VALUES`) are kept as written and
+resolved for the device a plan is made for (:meth:`OpsConfig.for_device`);
+``docs/veomni-values.md`` lists every VeOmni value and what veomni-ops does with it.
 
 Every problem of one config is reported together in one :class:`ConfigError` (unknown
 fields and bad values alike). VeOmni fields for ops veomni-ops does not manage
@@ -33,6 +40,7 @@ from typing import Any
 
 from .ops import OP_TABLE
 from .spec import QUALIFIER, SpecError, normalize_name, split_name
+from .veomni import DEFAULTS, VEOMNI_DEFAULTS, device_value, legacy_note
 
 AUTO = "auto"
 
@@ -55,14 +63,19 @@ UNMANAGED_FIELDS: Mapping[str, str] = {
 #: Legacy VeOmni values -> current kernel names, per op ("*" = any op). Accepted with a
 #: :class:`LegacyValueWarning` (a DeprecationWarning) that says what to write instead; a
 #: qualified legacy name maps too (``liger_kernel@veomni-liger`` -> ``liger@veomni-liger``).
+#: A legacy value whose kernel depends on the device (:data:`veomni_ops.veomni.DEVICE_VALUES`:
+#: ``fused``, ``fused_triton``, ``liger_kernel`` for the four ops VeOmni defaults to it, ``npu``
+#: for the loss) is kept as written, warned about with what it is per device, and resolved per
+#: device; qualified, it maps here (a distribution named is VeOmni's rewrite opted out of).
 LEGACY_VALUES: Mapping[str, Mapping[str, str]] = {
     "*": {"liger_kernel": "liger"},
-    "moe_experts": {"fused": "triton", "fused_triton": "triton", "fused_npu": "npu", "fused_quack": "quack"},
+    "moe_experts": {"fused": "quack", "fused_triton": "triton", "fused_npu": "npu", "fused_quack": "quack"},
     "cross_entropy": {"chunk_loss": "chunked"},
     "attention": {
         "veomni_flash_attention_2_with_sp": "flash_attention_2",
         "veomni_flash_attention_3_with_sp": "flash_attention_3",
         "veomni_flash_attention_4_with_sp": "flash_attention_4",
+        "veomni_flex_attention_with_sp": "flex_attention",
     },
 }
 
@@ -72,6 +85,11 @@ LEGACY_NOTES: Mapping[str, str] = {
         f"it meant flash_attention_{v}, sequence-parallel when sp > 1: write flash_attention_{v} and set the job's "
         "parallel.sp (Ulysses sequence parallelism now wraps any attention kernel; with sp 1 it runs as it is)"
     ) for v in (2, 3, 4)
+} | {
+    "veomni_flex_attention_with_sp": (
+        "it meant flex_attention, sequence-parallel when sp > 1; veomni-ops' flex_attention does not run under "
+        "sequence parallelism (a job with parallel.sp > 1 refuses it: take sdpa or a flash kernel there)"
+    )
 }
 
 #: Environment variables VeOmni removed; setting one is an error that says what to write.
@@ -87,6 +105,14 @@ REMOVED_ENV_VARS: Mapping[str, str] = {
 _FIELD_ALIASES: Mapping[str, str] = {"rope": "rotary_pos_emb_implementation", "mlp": "swiglu_mlp_implementation"}
 #: How close a misspelt field's stem must be to a field's for "did you mean" (difflib ratio).
 SUGGEST_CUTOFF = 0.8
+
+
+class _Kept(str):
+    """A VeOmni value kept as written (its kernel depends on the device), already warned about:
+    constructing a config from it again (``dataclasses.replace``, :meth:`OpsConfig.for_device`,
+    VeOmni's defaults) does not warn again. Equal to the plain string."""
+
+    __slots__ = ()
 
 
 class ConfigError(ValueError):
@@ -132,24 +158,22 @@ class OpsConfig:
 
     # -- constructors -------------------------------------------------------------------
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any] | None, *, check_env: bool = True) -> OpsConfig:
-        """From a plain mapping; also accepts a whole VeOmni config (``model.ops_implementation``).
+    def from_dict(cls, data: Mapping[str, Any] | None, *, check_env: bool = True, defaults: str = AUTO) -> OpsConfig:
+        """From a plain mapping; also accepts a whole VeOmni config (its ``model.ops_implementation``;
+        a whole config without that block is every default).
+
+        ``defaults``: what an omitted field is: ``"auto"`` (ours), or ``"veomni"``: VeOmni's
+        default for it (:data:`veomni_ops.veomni.VEOMNI_DEFAULTS`), which then means on each
+        device what it means in VeOmni there (GPU defaults rewritten on an Ascend NPU).
 
         Every problem (unknown fields, bad values) is raised together in one :class:`ConfigError`.
         Fields of :data:`UNMANAGED_FIELDS` are kept in ``unmanaged`` with an :class:`UnmanagedFieldWarning`.
         """
+        if defaults not in DEFAULTS:
+            raise ConfigError(f"defaults must be one of {', '.join(map(repr, DEFAULTS))}, got {defaults!r}")
         if check_env:
             check_removed_env_vars()
-        if data is None:
-            return cls()
-        if not isinstance(data, Mapping):
-            raise ConfigError(f"ops_implementation must be a mapping of field: kernel name, got {type(data).__name__}")
-        if "model" in data and isinstance(data["model"], Mapping) and "ops_implementation" in data["model"]:
-            data = data["model"]["ops_implementation"] or {}
-        elif "ops_implementation" in data and isinstance(data["ops_implementation"], Mapping):
-            data = data["ops_implementation"]
-        if not isinstance(data, Mapping):
-            raise ConfigError(f"ops_implementation must be a mapping of field: kernel name, got {type(data).__name__}")
+        data = _ops_block(data)
         problems = []
         known: dict[str, Any] = {}
         unmanaged: dict[str, Any] = {}
@@ -164,6 +188,9 @@ class OpsConfig:
         problems += value_problems
         if problems:
             raise _error(problems)
+        if defaults == "veomni":
+            # VeOmni's own spellings, kept (no legacy warning: the caller asked for them).
+            values.update({f: _Kept(v) for f, v in VEOMNI_DEFAULTS.items() if f not in known})
         if kept:
             _warn(
                 "ops_implementation: veomni-ops does not manage "
@@ -174,7 +201,13 @@ class OpsConfig:
         return cls(**values, unmanaged=kept)
 
     @classmethod
-    def from_yaml(cls, path: str | os.PathLike) -> OpsConfig:
+    def veomni_defaults(cls, **fields: Any) -> OpsConfig:
+        """VeOmni's choices for every field not given (``OpsConfig.veomni_defaults(attn_implementation="sdpa")``):
+        :meth:`from_dict` with ``defaults="veomni"``."""
+        return cls.from_dict(fields, defaults="veomni")
+
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike, *, defaults: str = AUTO) -> OpsConfig:
         import yaml
 
         try:
@@ -187,7 +220,7 @@ class OpsConfig:
         except yaml.YAMLError as e:
             raise ConfigError(f"{path}: not valid YAML: {e}") from None
         try:
-            return cls.from_dict(data or {})
+            return cls.from_dict(data or {}, defaults=defaults)
         except ConfigError as e:  # say which file
             where = os.fspath(path)
             message = f"{e} (in {where})" if len(e.problems) == 1 else f"{where}: {e}"
@@ -200,6 +233,34 @@ class OpsConfig:
     def to_dict(self) -> dict[str, str]:
         """The seven op fields (``unmanaged`` is not among them)."""
         return {f: getattr(self, f) for f in FIELD_TO_OP}
+
+    def for_device(self, device: Any) -> OpsConfig:
+        """This config as it reads on ``device`` (a :class:`~veomni_ops.device.DeviceInfo` or its text,
+        ``"npu"``, ``"cuda:9.0"``): every VeOmni value whose kernel depends on the device replaced
+        by that kernel (``moe_implementation: fused`` is ``quack`` on CUDA, ``npu`` on an Ascend
+        NPU). ``resolve`` plans with it and says in the plan what it replaced."""
+        from .device import current_device
+
+        kind = current_device(device).type
+        here = {f: device_value(FIELD_TO_OP[f], v, kind)[0] for f, v in self.to_dict().items()}
+        changed: dict[str, Any] = {f: v for f, v in here.items() if v != getattr(self, f)}
+        return dataclasses.replace(self, **changed) if changed else self
+
+
+def _ops_block(data: Any) -> Mapping[str, Any]:
+    """The ops fields of what ``from_dict`` was given: a plain mapping of them, a mapping with an
+    ``ops_implementation`` block, or a whole VeOmni config (``model``, ``data``, ``train``), whose
+    ``model.ops_implementation`` it is -- or nothing (every default) where the model section has none."""
+    if data is None:
+        return {}
+    if isinstance(data, Mapping):
+        if "model" in data and (data["model"] is None or isinstance(data["model"], Mapping)):
+            data = (data["model"] or {}).get("ops_implementation") or {}
+        elif "ops_implementation" in data and isinstance(data["ops_implementation"], Mapping):
+            data = data["ops_implementation"]
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"ops_implementation must be a mapping of field: kernel name, got {type(data).__name__}")
+    return data
 
 
 def _fields_in_veomni_order() -> dict[str, str]:
@@ -315,6 +376,8 @@ def _unknown_field(key: Any) -> str:
 
 
 def _normalize_value(field_name: str, op: str, value: Any) -> str:
+    if isinstance(value, _Kept):
+        return value
     if value is None:
         # VeOmni's moe_implementation=None meant "no fused kernel".
         return "eager" if op == "moe_experts" else AUTO
@@ -327,6 +390,11 @@ def _normalize_value(field_name: str, op: str, value: Any) -> str:
     except SpecError as e:
         raise ConfigError(f"{field_name}: {e}") from None
     name = normalize_name(value)
+    per_device = legacy_note(op, kernel, field_name) if dist is None else None
+    if per_device is not None:
+        # Kept as written: which kernel it is depends on the device (resolve says which, per device).
+        _warn(f"{field_name}: {value!r} is a legacy VeOmni value; {per_device}", LegacyValueWarning)
+        return _Kept(name)
     for table in (LEGACY_VALUES.get(op, {}), LEGACY_VALUES["*"]):
         if kernel in table:
             new = table[kernel] + (f"{QUALIFIER}{dist}" if dist else "")

@@ -11,6 +11,13 @@ for the op is *contested*: it is refused, naming both, and the refusal lists the
 names to write. ``auto`` ranks every usable kernel by :data:`AUTO_ORDER`, and a plan entry's
 reason says when a tie was broken and by which rule.
 
+VeOmni's values. A VeOmni value whose kernel depends on the device (``moe_implementation:
+fused``; VeOmni's GPU defaults on an Ascend NPU) is resolved as the kernel it is on the device
+planned for (:meth:`~veomni_ops.config.OpsConfig.for_device`), and the plan entry says so. A
+VeOmni kernel veomni-ops does not provide (``magi_attention``, ...) is refused, where no installed
+plugin provides the name, with what it is in VeOmni, what it needs and what to write instead
+(:mod:`veomni_ops.veomni`).
+
 Hints. A refusal says how to get what was asked: ``pip install "veomni-ops[liger]"`` for our
 backends (``pip install -e plugins/veomni-liger`` where the core runs from a source checkout
 that has the plugin), what the NPU kernels really need (torch-npu on the Ascend CANN toolkit),
@@ -50,6 +57,7 @@ from .registry import (
     origin_rank,
 )
 from .spec import OPS, KernelSpec, canonical_distribution, split_name
+from .veomni import device_value, not_provided, off_device_fix
 
 #: What a model needs per op: a list of requirements, each a variant or a tuple of
 #: acceptable variants in order of preference (e.g. ``("fused_linear", "logits")``).
@@ -435,14 +443,15 @@ def resolve(
     load = is_local(dev) if load is None else load
     if needs is not None:
         _checked_ops("needs", needs)
-    need_map: Mapping[str, Iterable[str | tuple[str, ...]]] = _all_needs(reg, cfg) if needs is None else needs
+    here = cfg.for_device(dev)  # VeOmni's device-dependent values, as the kernels they are on dev
+    need_map: Mapping[str, Iterable[str | tuple[str, ...]]] = _all_needs(reg, here) if needs is None else needs
     feats = {op: frozenset(f) for op, f in (features or {}).items()}
     _checked_ops("features", feats)
     entries: list[PlanEntry] = []
     refusals: list[Refusal] = []
     for op in OPS:
         for want in need_map.get(op, ()):
-            req = OpRequest(op, _checked_variants(op, want), cfg.for_op(op), dev, dtype=dtype, training=training,
+            req = OpRequest(op, _checked_variants(op, want), here.for_op(op), dev, dtype=dtype, training=training,
                             load=load, compile=compile,
                             features=feats.get(op, frozenset()), parallel=frozenset((parallel or {}).get(op, ())),
                             check_requires=check_requires)
@@ -452,6 +461,7 @@ def resolve(
                 got = _resolve_by_lock(reg, req, locked)
             else:
                 got = _resolve_auto(reg, req)
+            got = _as_veomni_means(got, op, cfg.for_op(op), dev)
             if isinstance(got, Refusal):
                 refusals.append(got)
             elif all((e.op, e.variant) != (got.op, got.variant) for e in entries):
@@ -460,6 +470,22 @@ def resolve(
         raise ResolutionError(refusals, dev)
     return KernelPlan(dev, cfg, tuple(entries), compile=compile,
                       lock=locked.describe() if locked is not None else None)
+
+
+def _as_veomni_means(got: PlanEntry | Refusal, op: str, written: str, dev: DeviceInfo) -> PlanEntry | Refusal:
+    """What VeOmni's value ``written`` means on ``dev``, said in the plan entry (the kernel it
+    stood for there) or in the refusal (what VeOmni's kernel is, and what to write instead)."""
+    _, note = device_value(op, written, dev.type)
+    if isinstance(got, PlanEntry):
+        return dataclasses.replace(got, requested=written, reason=f"requested as {written!r}, {note}") if note else got
+    if note:
+        fix = off_device_fix(op, written, OP_TO_FIELD[op], dev.type)
+        got = dataclasses.replace(got, requested=written, why=f"{got.why}; {note}", how=fix or got.how)
+    veomni = not_provided(op, split_name(got.requested)[0], dev.type)
+    if veomni is not None:
+        got = dataclasses.replace(got, why=f"{got.why}. {veomni.describe()[:-1]}",
+                                  how="" if got.kind is RefusalKind.UNKNOWN_NAME else got.how)
+    return got
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ Registers, through the ordinary hooks, the plain-PyTorch kernels of
 * ``eager`` for every op and variant (priority 0): transformers' own computation, the
   reference every other kernel is checked against;
 * ``sdpa`` (attention), ``chunked`` (fused linear cross-entropy) and ``grouped_mm`` (MoE
-  experts), portable fast kernels at priority 10.
+  experts), portable fast kernels at priority 10;
+* ``flex_attention`` (PyTorch's FlexAttention, CUDA), at priority -1: only when named.
 
 Like every spec module this one imports no torch: factories are ``"module:attr"``
 strings resolved only when a config selects the kernel.
@@ -176,5 +177,24 @@ def attention() -> list[KernelSpec]:
             description="torch scaled_dot_product_attention as transformers' sdpa_attention_forward (no softcap)",
             features=("sliding_window", "dropout"),
             parallel=("sp",),
+        ),
+        KernelSpec(
+            name="flex_attention",
+            op="attention",
+            variant="standard",
+            factory=f"{_K}.attention:flex_attention_kernel",
+            # PyTorch's FlexAttention has no backward on the CPU (or MPS): training needs CUDA. Its
+            # fused Triton kernels are what PyTorch targets on sm 8.0+; tested on an H100.
+            hardware=HardwareRequirement(("cuda",), min_capability=(8, 0)),
+            requires=("torch>=2.5",),  # the public flex_attention with enable_gqa
+            supports_backward=True,
+            supports_compile=True,
+            dtypes=("float32", "bfloat16", "float16"),
+            # Below the reference: auto never takes it (nothing measured says it wins); name it to use it.
+            priority=-1,
+            tolerances=_MATMUL,
+            description="PyTorch FlexAttention (torch.nn.attention.flex_attention): BlockMask from transformers' "
+                        "flex mask builder or from the call; softcap as a score_mod; compiled on CUDA; no dropout",
+            features=("softcap", "sliding_window"),
         ),
     ]
