@@ -335,8 +335,10 @@ def apply(
                 current.restore()
             raise
     cfg = _config_of(config_or_plan)
-    places = _prefer_logits_for_eager(cfg, survey(model))
-    places, skipped = _usable_places(type(model).__name__, cfg, places)
+    dev = config_or_plan.device if isinstance(config_or_plan, KernelPlan) else current_device(device)
+    here = cfg.for_device(dev)  # VeOmni's device-dependent values as the kernels they are on dev
+    places = _prefer_logits_for_eager(here, survey(model))
+    places, skipped = _usable_places(type(model).__name__, here, places)
     dtype = _model_dtype(model)
     target: dict[str, Any] = dict(registry=registry, dtype=dtype, training=training, compile=compile,
                                   parallel=parallel.needs() if parallel is not None else None)
@@ -348,11 +350,9 @@ def apply(
         if lock is not None and lock is not False:
             raise BindingError("a plan lock applies when resolving: pass apply(model, config, lock=...), not a "
                                "resolved plan (or resolve the plan with resolve(config, lock=...))")
-        dev = plan.device
         target["compile"] = plan.compile
         target["lock"] = False  # the plan was resolved already, with its own lock or none
     else:
-        dev = current_device(device)
         # Found and checked once; every resolution below reads the same lock (or none).
         target["lock"] = active_lock(lock, dev, compile=compile, dtype=dtype) or False
         plan, places, no_kernel = _resolve_leaving_auto(type(model).__name__, cfg, dev, places, target)
