@@ -7,8 +7,9 @@
 #                                       (two at a time: correctness only, no timing); with
 #                                       COMPILE=1 each also under torch.compile (check --compile)
 #   benchmarks/gpu/run_all.sh bench-a   veomni-ops bench: seed, lbl-48, attn, attn-30b-a3b
-#   benchmarks/gpu/run_all.sh bench-b   veomni-ops bench: moe-30b-a3b, flce-8k/16k/32k
+#   benchmarks/gpu/run_all.sh bench-b   veomni-ops bench: moe-30b-a3b, flce-8k/16k/32k (peaked logits)
 #   benchmarks/gpu/run_all.sh bench-c   veomni-ops bench: rope-qwen35, lbl-48-masked, host (opt-in presets)
+#   benchmarks/gpu/run_all.sh bench-d   veomni-ops bench: flce-8k/16k/32k-dense (opt-in stress presets)
 #
 # then, anywhere: veomni-ops bench --from bench-a.json --from bench-b.json --json <device>-<date>.json
 # The only GPU entry points are `veomni-ops check|bench|train`; the tuning sweeps of veomni-triton
@@ -17,7 +18,7 @@
 # Liger's MoE autotuner runs for minutes per shape; it is switched off (LIGER_FUSED_MOE_AUTOTUNE=0,
 # recorded in each result's "environment"), so Liger's MoE runs its default tile config.
 set -uo pipefail
-stage=${1:?usage: run_all.sh check|bench-a|bench-b|bench-c}
+stage=${1:?usage: run_all.sh check|bench-a|bench-b|bench-c|bench-d}
 R=${RESULTS:-gpu-results}
 mkdir -p "$R"
 export LIGER_FUSED_MOE_AUTOTUNE=0 PYTHONUNBUFFERED=1
@@ -53,6 +54,10 @@ bench-b)
 bench-c)
   timeout "$T" veomni-ops bench --preset rope-qwen35 --preset lbl-48-masked --preset host "${BENCH[@]}" \
     --json "$R/bench-c.json" 2>&1 | tee "$R/bench-c.log"
+  ;;
+bench-d)
+  timeout "$T" veomni-ops bench --preset flce-8k-dense --preset flce-16k-dense --preset flce-32k-dense \
+    --op cross_entropy "${BENCH[@]}" --json "$R/bench-d.json" 2>&1 | tee "$R/bench-d.log"
   ;;
 *)
   echo "unknown stage $stage (check, bench-a, bench-b, bench-c)" >&2

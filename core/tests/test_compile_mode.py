@@ -136,10 +136,38 @@ def test_compile_mode_cross_entropy_prefers_the_measured_fused_kernel_then_the_l
     ce = plan.get("cross_entropy", "fused_linear")
     assert ce is not None and ce.kernel == "triton" and plan.get("cross_entropy", "logits") is None
     assert "compile mode" in ce.reason and "h100-2026-11-25-flce" in ce.reason
-    # below its capability range the next preference applies: the compiled logits loss
+    # Without the fused kernel (here: below its capability range) the next preference applies, the
+    # compiled logits loss -- on the capability it was measured on.
+    reg_ref = build_registry(modules=[("eager", reference)], include_entry_points=False, env={})
+    logits = veomni_ops.resolve({}, "cuda:9.0", needs=needs, registry=reg_ref, compile=True, load=False)
+    assert logits.get("cross_entropy", "logits").kernel == "eager"
+    assert "compile-ablation" in logits.get("cross_entropy", "logits").reason
+    # On sm 7.0 nothing was measured: the priority order, and the plan says why.
     old = veomni_ops.resolve({}, "cuda:7.0", needs=needs, registry=reg, compile=True, load=False)
-    assert old.get("cross_entropy", "logits").kernel == "eager"
-    assert "compile-ablation" in old.get("cross_entropy", "logits").reason
+    entry = old.get("cross_entropy", "fused_linear") or old.get("cross_entropy", "logits")
+    assert "by measurement" not in entry.reason
+    assert "compile-mode measurements of cross_entropy (sm 9.0 only) do not apply on sm 7.0" in entry.reason
+
+
+@pytest.mark.parametrize("device", ["cuda:8.0", "cuda:8.9", "cuda:10.0", "cuda:12.0", "cuda"])
+def test_compile_preferences_apply_on_the_measured_capability_only(device):
+    """Every compile-mode preference was measured on an H100 (sm 9.0): on another capability, or
+    an unknown one, compile-mode auto keeps the priority order and says so; on sm 9.0 it takes
+    the measured choice and says where it was measured."""
+    reg = _with_triton_like_norm()
+    needs = {"rms_norm": ["standard"]}
+    here = veomni_ops.resolve({}, "cuda:9.0", needs=needs, registry=reg, compile=True, load=False)
+    norm = here.get("rms_norm", "standard")
+    assert norm.kernel == "eager" and "by measurement on sm 9.0 (applied there only)" in norm.reason
+    other = veomni_ops.resolve({}, device, needs=needs, registry=reg, compile=True, load=False)
+    norm = other.get("rms_norm", "standard")
+    assert norm.kernel == "fastnorm" and norm.reason.startswith("auto: highest priority usable here")
+    cap = device.partition(":")[2]
+    assert f"measurements of rms_norm (sm 9.0 only) do not apply on {'sm ' + cap if cap else 'an unknown capability'}" \
+        in norm.reason
+    # not compile mode: no word about compile measurements
+    assert "compile-mode" not in veomni_ops.resolve({}, device, needs=needs, registry=reg, load=False).get(
+        "rms_norm", "standard").reason
 
 
 def test_compile_mode_says_when_the_measured_choice_fails_to_load():

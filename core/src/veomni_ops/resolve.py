@@ -660,10 +660,10 @@ def _tie_rule(a: RegisteredKernel, b: RegisteredKernel) -> str:
 def _compile_preference(reg: Registry, req: OpRequest) -> tuple[PlanEntry | None, list[str]]:
     """Compile-mode auto: the measured choice of :mod:`.compile_policy`, where it is usable here;
     and the measured choices passed over because they failed to load (said in the plan)."""
-    from .compile_policy import preferences
+    from .compile_policy import capability_text, preferences
 
     failed: list[str] = []
-    for pref in preferences(req.op, req.variants, req.device.type):
+    for pref in preferences(req.op, req.variants, req.device.type, req.device.capability):
         rk = reg.get(req.op, pref.variant, pref.kernel) if not reg.is_contested(req.op, pref.kernel) else None
         if rk is None or req.problem(rk.spec) is not None:
             continue
@@ -675,8 +675,9 @@ def _compile_preference(reg: Registry, req: OpRequest) -> tuple[PlanEntry | None
             failed.append(f"the measured compile-mode choice {reg.name_of(rk)} ({_import_why(e)})")
             continue
         passed = f"; passed over {', '.join(failed)}" if failed else ""
-        return dataclasses.replace(entry, reason=f"auto (compile mode): {pref.kernel} by measurement: {pref.why} "
-                                                 f"[{pref.evidence}]{passed}"), failed
+        return dataclasses.replace(entry, reason=f"auto (compile mode): {pref.kernel} by measurement on "
+                                                 f"{capability_text(pref.capability)} (applied there only): "
+                                                 f"{pref.why} [{pref.evidence}]{passed}"), failed
     return None, failed
 
 
@@ -698,10 +699,14 @@ def _auto_reason(reg: Registry, req: OpRequest, rk: RegisteredKernel, behind: li
 
 def _resolve_auto(reg: Registry, req: OpRequest) -> PlanEntry | Refusal:
     passed: list[str] = []
+    note = ""
     if req.compile:
+        from .compile_policy import not_measured_here
+
         got, passed = _compile_preference(reg, req)
         if got is not None:
             return got
+        note = not_measured_here(req.op, req.device.type, req.device.capability)
     # See AUTO_ORDER: priority, preferred variant, origin (core, first-party, others), name, distribution.
     cands = sorted((k for v in req.variants for k in reg.for_op(req.op, v)),
                    key=_auto_key({v: i for i, v in enumerate(req.variants)}))
@@ -717,7 +722,8 @@ def _resolve_auto(reg: Registry, req: OpRequest) -> PlanEntry | Refusal:
                 raise _strict_import_error(rk, e, reg.name_of(rk)) from e
             passed.append(f"{reg.name_of(rk)} (import failed: {type(e).__name__})")
             continue
-        return dataclasses.replace(entry, reason=_auto_reason(reg, req, rk, cands[i + 1:], passed))
+        reason = _auto_reason(reg, req, rk, cands[i + 1:], passed)
+        return dataclasses.replace(entry, reason=f"{reason}; {note}" if note else reason)
     return req.refuse(reg, RefusalKind.NOTHING_USABLE,
                       "no registered kernel is usable here" + (": " + "; ".join(passed) if passed else ""),
                       "Install a backend for this op, or check why the candidates were refused.", available=())

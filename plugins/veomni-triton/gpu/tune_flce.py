@@ -10,8 +10,12 @@ bytes of the two gradients). ``% ceiling`` is 6·T·H·V FLOPs (three GEMMs) ove
 against a bf16 matmul ceiling measured in the same run. Peers run only where installed:
 Liger (``liger-kernel``, called as its users call it, and through veomni-liger's adapter),
 Cut Cross-Entropy (``cut-cross-entropy``, default gradient filter and ``filter_eps=None``).
-This is the kernel-specific tuning sweep; `veomni-ops bench --preset flce-16k` is the
-project's benchmark of every usable kernel.
+Inputs (``--logits``): ``peaked`` by default, the logits of the bench's ``flce-*`` presets
+(the logit of id v is -ln(v + 1) + N(0, 1), from a constant hidden feature whose weight column
+is -ln(v + 1): ``veomni_ops.testing.cases.cross_entropy.peaked_linear``); ``dense`` the former
+inputs (randn hidden states, a randn weight of scale 2/sqrt(H)), on which Cut Cross-Entropy can
+skip no gradient tile. This is the kernel-specific tuning sweep; `veomni-ops bench --preset
+flce-16k` is the project's benchmark of every usable kernel.
 """
 
 from __future__ import annotations
@@ -84,10 +88,26 @@ def impls(chunks: list[int]) -> dict:
     return out
 
 
-def measure(fn, tokens: int, warmup: int, reps: int) -> dict:
+def inputs(tokens: int, logits: str, device: str = "cuda") -> tuple[torch.Tensor, torch.Tensor]:
+    """bf16 hidden states [tokens, H] and weight [V, H] whose logits are ``peaked`` or ``dense``."""
     torch.manual_seed(0)
-    h = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16).requires_grad_()
-    w = (torch.randn(V, H, device="cuda") * (2.0 / H**0.5)).to(torch.bfloat16).requires_grad_()
+    if logits == "peaked":
+        from veomni_ops.testing.cases.cross_entropy import peaked_linear
+
+        def gauss(*shape):
+            return torch.randn(shape, device=device)
+
+        h, w = (t.to(torch.bfloat16) for t in peaked_linear(gauss, tokens, H, V))
+    elif logits == "dense":
+        h = torch.randn(tokens, H, device=device, dtype=torch.bfloat16)
+        w = (torch.randn(V, H, device=device) * (2.0 / H**0.5)).to(torch.bfloat16)
+    else:
+        raise ValueError(f"--logits must be peaked or dense, got {logits!r}")
+    return h.requires_grad_(), w.requires_grad_()
+
+
+def measure(fn, tokens: int, warmup: int, reps: int, logits: str = "peaked") -> dict:
+    h, w = inputs(tokens, logits)
     y = torch.randint(0, V, (tokens,), device="cuda")
     y[::7] = -100
 
@@ -152,6 +172,8 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--json", default=None)
     p.add_argument("--phases", type=int, nargs="*", default=[], help="time each step of one chunk of N tokens")
+    p.add_argument("--logits", choices=("peaked", "dense"), default="peaked",
+                   help="how the inputs' logits are distributed (see the module docstring)")
     a = p.parse_args()
     for c in a.phases:
         phases(c)
@@ -170,7 +192,7 @@ def main() -> None:
             if name == "eager" and t > 32768:
                 continue
             try:
-                r = measure(fn, t, a.warmup, a.reps)
+                r = measure(fn, t, a.warmup, a.reps, a.logits)
             except Exception as e:  # a peer that fails is a row that says so
                 r = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
                 torch.cuda.empty_cache()
@@ -185,7 +207,7 @@ def main() -> None:
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "ceiling_tflops": ceiling,
-                       "H": H, "V": V, "dtype": "bfloat16", "rows": rows}, f, indent=1)
+                       "H": H, "V": V, "dtype": "bfloat16", "logits": a.logits, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -248,6 +248,7 @@ def _row(w: Workload, c: Candidate, pass_: str, **kw: Any) -> dict[str, Any]:
     row = {
         "op": w.op, "variant": w.variant, "kernel": c.name, "distribution": c.distribution,
         "version": c.version, "peer": c.peer, "preset": w.preset, "shape": dict(w.shape), "dtype": w.dtype,
+        "logits": (w.logits or "peaked") if w.op == "cross_entropy" else None,
         "pass": pass_, "wall_ms": None, "kernel_ms": None, "tbps": None, "tflops": None, "peak_gib": None,
         "extra_gib": None, "error": None,
     }

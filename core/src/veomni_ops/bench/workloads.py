@@ -20,7 +20,9 @@ PASSES = ("fwd", "fwd+bwd")
 class Workload:
     """One op at one shape and dtype. ``build(device)`` returns the harness inputs (see
     :mod:`veomni_ops.testing.cases`); ``diff`` the differentiable ones; ``metric`` is
-    ``"bytes"`` or ``"flops"`` and ``amount(pass)`` its minimal amount for that pass."""
+    ``"bytes"`` or ``"flops"`` and ``amount(pass)`` its minimal amount for that pass.
+    ``logits`` (cross-entropy only): how the logits are distributed, ``"peaked"`` or ``"dense"``
+    (see :data:`LOGITS`)."""
 
     preset: str
     op: str
@@ -29,6 +31,7 @@ class Workload:
     shape: dict[str, int]
     metric: str
     formula: str  # the op's formula key in FORMULAS
+    logits: str = ""  # cross_entropy: a key of LOGITS ("" is "peaked")
 
     def amount(self, pass_: str) -> float:
         return FORMULAS[self.formula][1](self.shape, itemsize(self.dtype), pass_ == "fwd+bwd")
@@ -99,8 +102,21 @@ FORMULAS: dict[str, tuple[str, Callable[[dict, int, bool], float]]] = {
 }
 
 
-def _w(preset, op, variant, dtype, metric, formula=None, **shape) -> Workload:
-    return Workload(preset, op, variant, dtype, dict(shape), metric, formula or op)
+#: How a cross-entropy workload's logits are distributed (its rows' softmax decides how much a
+#: kernel that skips gradient tiles below 2^-12, as Cut Cross-Entropy does, can skip).
+LOGITS: dict[str, str] = {
+    "peaked": "peaked logits, as a trained model's rows are: the logit of vocabulary id v is -ln(v + 1) + N(0, 1) "
+              "noise (Zipf exponent 1); fused: a constant hidden feature whose weight column is -ln(v + 1), the rest "
+              "random (at V 151936 the top 1% of ids hold ~2/3 of a row's mass and ~85% of 128 x 128 gradient tiles "
+              "lie wholly below 2^-12)",
+    "dense": "dense random logits, a stress case no model produces: randn of scale 2 from logits; fused: randn hidden "
+             "states and a randn weight of scale 2/sqrt(H) (flat rows, largest probability ~0.008, and an entry above "
+             "2^-12 in every 128 x 128 gradient tile)",
+}
+
+
+def _w(preset, op, variant, dtype, metric, formula=None, logits="", **shape) -> Workload:
+    return Workload(preset, op, variant, dtype, dict(shape), metric, formula or op, logits)
 
 
 def _seed(p: str) -> list[Workload]:
@@ -115,13 +131,20 @@ def _seed(p: str) -> list[Workload]:
     ]
 
 
-def _flce(p: str, tokens: int) -> list[Workload]:
+def _flce(p: str, tokens: int, logits: str = "peaked") -> list[Workload]:
     bf = "bfloat16"
     return [
-        _w(p, "cross_entropy", "fused_linear", bf, "flops", "cross_entropy/fused_linear",
+        _w(p, "cross_entropy", "fused_linear", bf, "flops", "cross_entropy/fused_linear", logits,
            tokens=tokens, hidden=2560, vocab=151936),
-        _w(p, "cross_entropy", "logits", bf, "bytes", "cross_entropy/logits", tokens=tokens, vocab=151936),
+        _w(p, "cross_entropy", "logits", bf, "bytes", "cross_entropy/logits", logits, tokens=tokens, vocab=151936),
     ]
+
+
+def _flce_preset(tokens: int, logits: str) -> tuple[str, Callable[[str], list[Workload]]]:
+    what = "peaked" if logits == "peaked" else "dense (stress: not what training sees)"
+    return (f"cross-entropy, {tokens} tokens, hidden 2560, vocabulary 151936 (Qwen); fused linear and from logits; "
+            f"bf16; every 7th label ignored; {what}: {LOGITS[logits]}",
+            lambda p: _flce(p, tokens, logits))
 
 
 def _cpu_small(p: str) -> list[Workload]:
@@ -133,8 +156,8 @@ def _cpu_small(p: str) -> list[Workload]:
         _w(p, "rotary", "full", f32, "bytes", batch=1, q_heads=4, kv_heads=2, seq=128, head_dim=64, rotary_dim=64),
         _w(p, "rotary", "partial", f32, "bytes", batch=1, q_heads=4, kv_heads=2, seq=128, head_dim=64,
            rotary_dim=16),
-        _w(p, "cross_entropy", "logits", f32, "bytes", "cross_entropy/logits", tokens=256, vocab=4096),
-        _w(p, "cross_entropy", "fused_linear", f32, "flops", "cross_entropy/fused_linear",
+        _w(p, "cross_entropy", "logits", f32, "bytes", "cross_entropy/logits", "peaked", tokens=256, vocab=4096),
+        _w(p, "cross_entropy", "fused_linear", f32, "flops", "cross_entropy/fused_linear", "peaked",
            tokens=256, hidden=256, vocab=4096),
         # bfloat16: the dtype MoE kernels train in (grouped_mm takes only bfloat16)
         _w(p, "moe_experts", "standard", bf, "flops", tokens=128, experts=8, top_k=2, hidden=256, intermediate=128),
@@ -160,10 +183,12 @@ PRESETS: dict[str, tuple[str, Callable[[str], list[Workload]]]] = {
                     "tokens; bf16",
                     lambda p: [_w(p, "moe_experts", "standard", "bfloat16", "flops", tokens=8192, experts=128,
                                   top_k=8, hidden=2048, intermediate=768)]),
-    "flce-8k": ("cross-entropy, 8192 tokens, hidden 2560, vocabulary 151936 (Qwen); fused linear and from logits; "
-                "bf16", lambda p: _flce(p, 8192)),
-    "flce-16k": ("cross-entropy, 16384 tokens, hidden 2560, vocabulary 151936; bf16", lambda p: _flce(p, 16384)),
-    "flce-32k": ("cross-entropy, 32768 tokens, hidden 2560, vocabulary 151936; bf16", lambda p: _flce(p, 32768)),
+    "flce-8k": _flce_preset(8192, "peaked"),
+    "flce-16k": _flce_preset(16384, "peaked"),
+    "flce-32k": _flce_preset(32768, "peaked"),
+    "flce-8k-dense": _flce_preset(8192, "dense"),
+    "flce-16k-dense": _flce_preset(16384, "dense"),
+    "flce-32k-dense": _flce_preset(32768, "dense"),
     "lbl-48": ("load-balancing loss: 48 layers x 8192 tokens x 128 experts, top-8, fp32 router logits",
                lambda p: [_w(p, "load_balancing_loss", "standard", "float32", "bytes", layers=48, tokens=8192,
                              experts=128, top_k=8)]),
@@ -184,7 +209,8 @@ PRESETS: dict[str, tuple[str, Callable[[str], list[Workload]]]] = {
                                   seq=2048, head_dim=256, rotary_dim=64)]),
     "host": ("rms_norm, rotary and swiglu at tiny shapes: each kernel takes microseconds, so wall time is the host's "
              "per call (checks, dispatch, autograd, launch); bf16", _host),
-    "cpu-small": ("every op at small shapes (runs anywhere; the default on the CPU)", _cpu_small),
+    "cpu-small": ("every op at small shapes (runs anywhere; the default on the CPU); cross-entropy on peaked logits",
+                  _cpu_small),
 }
 GPU_DEFAULT = ("seed", "moe-30b-a3b", "flce-8k", "flce-16k", "flce-32k", "lbl-48", "attn", "attn-30b-a3b")
 CPU_DEFAULT = ("cpu-small",)
@@ -199,7 +225,43 @@ def workloads(presets: Sequence[str], op: str | None = None) -> list[Workload]:
     return out
 
 
-def build_inputs(w: Workload, device: Any, seed: int = 0) -> tuple[dict[str, Any], tuple[str, ...]]:
+#: A workload's inputs by name, and the names of the differentiable ones.
+Inputs = tuple[dict[str, Any], tuple[str, ...]]
+
+
+def _cross_entropy_inputs(w: Workload, b: Any, g: Any, randn: Callable[..., Any]) -> Inputs:
+    """A cross-entropy workload's inputs, its logits as :data:`LOGITS` says (``b``: the
+    :class:`~veomni_ops.testing.cases.Builder`, ``g`` the device generator, ``randn`` the dense draws)."""
+    import torch
+
+    from ..testing.cases.cross_entropy import peaked_linear, peaked_logits
+
+    sh = w.shape
+    n, v = sh["tokens"], sh["vocab"]
+    labels = torch.randint(0, v, (n,), generator=g, device=b.device)
+    labels[::7] = -100  # some tokens do not count, as with padding / prompts
+    kind = w.logits or "peaked"  # the default: what training sees
+    if kind not in LOGITS:
+        raise ValueError(f"cross_entropy workload {w.preset!r}: logits must be one of {', '.join(LOGITS)}, "
+                         f"got {w.logits!r}")
+    peaked = kind == "peaked"
+
+    def gauss(*shape):  # float32 standard normal on the device, cast after the construction
+        return torch.randn(shape, generator=g, device=b.device, dtype=torch.float32)
+
+    if w.variant == "logits":
+        z = peaked_logits(gauss, n, v).to(b.dtype) if peaked else randn(n, v, scale=2.0)
+        return {"logits": z, "labels": labels, "ignore_index": -100}, ("logits",)
+    h = sh["hidden"]
+    if peaked:
+        hidden, weight = (t.to(b.dtype) for t in peaked_linear(gauss, n, h, v))
+    else:
+        hidden, weight = randn(n, h), randn(v, h, scale=2.0 / math.sqrt(h))
+    return {"hidden": hidden, "weight": weight, "labels": labels, "ignore_index": -100, "bias": None}, \
+        ("hidden", "weight")
+
+
+def build_inputs(w: Workload, device: Any, seed: int = 0) -> Inputs:
     """Inputs for ``w`` in the form the conformance harness calls kernels with."""
     import torch
 
@@ -230,14 +292,7 @@ def build_inputs(w: Workload, device: Any, seed: int = 0) -> tuple[dict[str, Any
         cos, sin = cos_sin(b, bsz, s, sh["rotary_dim"])
         return {"q": q, "k": k, "cos": cos, "sin": sin}, ("q", "k")
     if w.op == "cross_entropy":
-        n, v = sh["tokens"], sh["vocab"]
-        labels = torch.randint(0, v, (n,), generator=g, device=dev)
-        labels[::7] = -100  # some tokens do not count, as with padding / prompts
-        if w.variant == "logits":
-            return {"logits": randn(n, v, scale=2.0), "labels": labels, "ignore_index": -100}, ("logits",)
-        h = sh["hidden"]
-        return {"hidden": randn(n, h), "weight": randn(v, h, scale=2.0 / math.sqrt(h)), "labels": labels,
-                "ignore_index": -100, "bias": None}, ("hidden", "weight")
+        return _cross_entropy_inputs(w, b, g, randn)
     if w.op == "moe_experts":
         t, e, k, h, i = sh["tokens"], sh["experts"], sh["top_k"], sh["hidden"], sh["intermediate"]
         logits = torch.randn(t, e, generator=g, device=dev)

@@ -118,6 +118,8 @@ def cross_entropy() -> list[KernelSpec]:
     # Priority 30, above veomni-liger's 20: faster on the committed H100 bench (fwd+bwd, hidden
     # 2560, V 151,936, bf16: 29.5 / 59.1 / 121.4 ms at 8k / 16k / 32k tokens against Liger's
     # 33.0 / 63.7 / 126.0; benchmarks/results/h100-2026-11-25-flce/), at ~1 GiB more peak memory.
+    # That run drew dense logits (today's flce-*-dense); neither kernel skips work on small
+    # probabilities, and issue 24's peaked H200 run kept the order against Liger called directly.
     return [
         _TRITON.spec(
             "cross_entropy", "fused_linear", "cross_entropy:fused_linear_cross_entropy_sum",

@@ -27,9 +27,10 @@ the loss is a fixed-order float32 sum of per-row losses. No atomics: the result 
 deterministic (bitwise the same from run to run on one device and shape).
 
 Labels outside ``[0, V)`` other than ``ignore_index``: ``ValueError`` where the values can be
-read without a host synchronisation (CPU, or ``VEOMNI_OPS_CHECK_VALUES=1``), otherwise a
-device-side assertion (``torch._assert_async``) stops the process; the row kernel never reads
-outside a row and such a row contributes nothing.
+read without a host synchronisation (CPU, or ``VEOMNI_OPS_CHECK_VALUES=1``), otherwise -- on
+CUDA, and on every device while ``torch.compile`` traces -- a device-side assertion
+(``torch._assert_async``, no host sync) stops the call: on CUDA the process, on the CPU a
+``RuntimeError``. The row kernel never reads outside a row either way.
 
 Compile: the eager path is a plain ``autograd.Function``; under ``torch.compile`` the same
 launchers run inside the ``veomni_triton::flce_fwd`` custom op (with a fake), which Dynamo
@@ -41,7 +42,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from veomni_ops.kernels.checks import check_chunk_size
+from veomni_ops.kernels.checks import can_read_values, check_chunk_size, device_assert
 from veomni_ops.kernels.cross_entropy import add_weight_grad_
 
 from ._common import CHECKS, check_tensors, eager_path, launch, next_pow2
@@ -252,10 +253,15 @@ def _check(hidden, weight, labels, bias, ignore_index) -> None:
 
 
 def _assert_labels_on_device(labels: torch.Tensor, vocab: int, ignore_index: int) -> None:
-    """On CUDA without the value-check switch: a device-side assertion, no host sync."""
-    if labels.is_cuda and not torch.compiler.is_compiling():
-        ok = ((labels >= 0) & (labels < vocab)) | (labels == ignore_index)
-        torch._assert_async(ok.all(), f"{_OP} (triton): a label is outside [0, {vocab}) and not ignore_index")
+    """Where :func:`_check` could not read the labels (CUDA without the value-check switch, and
+    any device while ``torch.compile`` traces): a device-side assertion, no host sync. Under
+    compile it is a node of the graph (Inductor lowers it to a device assert), so the compiled
+    path refuses such a label as the eager one does, instead of counting it as ignored."""
+    if can_read_values(labels):
+        return  # checked on the host already (ValueError naming the label)
+    ok = ((labels >= 0) & (labels < vocab)) | (labels == ignore_index)
+    device_assert(ok.all(), f"{_OP} (triton): labels holds a label outside [0, {vocab}) that is not "
+                            f"ignore_index={ignore_index}")
 
 
 def fused_linear_cross_entropy_sum(

@@ -82,7 +82,8 @@ class GemmConfig:
 #: per-kernel sweep on an H100 at Qwen3-30B-A3B's expert shapes, T=8192, top-8
 #: (benchmarks/results/h100-2026-11-25-moe: 8-warp 128x(2*128) gate_up tiles, 4 stages for the
 #: wide down/dx tiles, 32-row reduction steps and 5 stages for the weight gradients;
-#: fwd+bwd 5.95 -> 5.25 ms); sm80: offline compiles (no register spills, software pipelining on),
+#: fwd+bwd 5.95 -> 5.30 ms, moe_prof's final.json; 5.35 ms beside grouped_mm's 7.03 in one run,
+#: h100-2026-11-25-quack-moe); sm80: offline compiles (no register spills, software pipelining on),
 #: not measured yet.
 #: ``gate_up`` holds two accumulators (g and u), i.e. a 128x(2*block_n) output tile;
 #: ``wgrad``'s block_k is the number of token rows reduced per step.
