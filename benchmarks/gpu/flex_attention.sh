@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The core's flex_attention kernel on a CUDA machine: its backward and compile claims, which a CPU cannot
-# check (FlexAttention has no CPU backward). Not run yet (2026-11-26).
+# check (FlexAttention has no CPU backward). Run on an H100 on 2026-11-26: benchmarks/results/h100-2026-11-26-flex/.
 # From the repo root; needs only torch and transformers beside what it installs from the carried
 # wheels (.whl/ours: the core, built by `pip wheel --no-deps --no-build-isolation ./core`; .whl/deps:
 # pytest, pluggy, iniconfig, pyyaml). Writes to $OUT (default ./gpu-results):
@@ -11,6 +11,7 @@
 set -uo pipefail
 R=${OUT:-gpu-results}
 mkdir -p "$R"
+R=$(cd "$R" && pwd)  # absolute: the pytest step runs from core/
 export PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/ours/*.whl .whl/deps/*.whl
 export PYTHONPATH=/tmp/site
@@ -19,8 +20,8 @@ export PYTHONPATH=/tmp/site
 } >"$R/env.txt" 2>&1
 cd core
 timeout "${PYTEST_TIMEOUT:-300}" python3 -m pytest -q -p no:cacheprovider -rs tests/test_kernels_attention.py -k flex \
-  tests/test_compile_mode.py::test_kit_verifies_the_reference_claims >"../$R/pytest.txt" 2>&1
-echo "pytest exit $?" >>"../$R/pytest.txt"
+  tests/test_compile_mode.py::test_kit_verifies_the_reference_claims >"$R/pytest.txt" 2>&1
+echo "pytest exit $?" >>"$R/pytest.txt"
 cd ..
 timeout "${CHECK_TIMEOUT:-400}" python3 -c "import sys; from veomni_ops.cli import main; sys.exit(main())" \
   check --op attention --backend veomni-ops --seed 20261126 --compile -v >"$R/check.txt" 2>&1

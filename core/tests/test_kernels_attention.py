@@ -432,7 +432,7 @@ def test_flex_vs_float64(device, form, case):
     boolean 4-D mask or None (sdpa), an additive 4-D mask (eager)."""
     from veomni_ops.kernels.attention import flex_attention_kernel
 
-    b, hq, hk, s, d = 2, 4, 2, 7, 8
+    b, hq, hk, s, d = 2, 4, 2, 7, (8 if device != "cuda" else 16)  # compiled FlexAttention on CUDA: head dim >= 16
     mask, ok, window = case_inputs(case, form, b, s)
     if device == "cuda" and mask is not None:
         mask = mask.to(device)
@@ -448,7 +448,7 @@ def test_flex_vs_float64(device, form, case):
 def test_flex_softcap_vs_float64(device):
     from veomni_ops.kernels.attention import flex_attention_kernel
 
-    b, hq, hk, s, d = 1, 2, 1, 6, 8
+    b, hq, hk, s, d = 1, 2, 1, 6, (8 if device != "cuda" else 16)  # compiled FlexAttention on CUDA: head dim >= 16
     for dtype in DTYPES:
         q, k, v = flex_qkv(device, b, hq, hk, s, d, dtype, seed=4)
         q = (q.detach() * 6).requires_grad_(q.requires_grad)  # large scores, so the cap matters
@@ -462,7 +462,7 @@ def test_flex_softcap_vs_float64(device):
 def test_flex_causality_window_and_decode_without_a_mask(device):
     from veomni_ops.kernels.attention import flex_attention_kernel as flex
 
-    b, hq, hk, s, d = 2, 4, 1, 5, 8
+    b, hq, hk, s, d = 2, 4, 1, 5, (8 if device != "cuda" else 16)  # compiled FlexAttention on CUDA: head dim >= 16
     dtype = torch.float64 if device == "cpu" else torch.float32
     q, k, v = flex_qkv(device, b, hq, hk, s, d, dtype, seed=5)
     check_flex(flex(Attn(hq, hk, d), q, k, v, None)[0], q, k, v, allowed(b, s, s, True), d**-0.5)
@@ -485,7 +485,7 @@ def test_flex_causality_window_and_decode_without_a_mask(device):
 def test_flex_packed_sequences_are_honoured(device, form):
     from veomni_ops.kernels.attention import flex_attention_kernel
 
-    hq, hk, s, d = 4, 2, 9, 8
+    hq, hk, s, d = 4, 2, 9, (8 if device != "cuda" else 16)  # compiled FlexAttention on CUDA: head dim >= 16
     q, k, v = flex_qkv(device, 1, hq, hk, s, d, torch.float32, seed=11)
     ok = allowed(1, s, s, True, segments=torch.cumsum(PACKED_POS == 0, dim=1))
     mask, kw = None, {"position_ids": PACKED_POS.to(device)}
@@ -557,3 +557,10 @@ def test_flex_compiles_fullgraph_forward_and_backward():
     for dtype in DTYPES:
         q, k, v = flex_qkv("cuda", b, hq, hk, s, d, dtype, seed=12)
         check_flex(compiled(q, k, v), q, k, v, allowed(b, s, s, True, window=48), d**-0.5, softcap=20.0)
+
+
+def test_flex_refuses_a_head_dim_cuda_cannot_lower():
+    from veomni_ops.kernels.attention import flex_head_dim_problem
+
+    assert "head dim 8 < 16" in flex_head_dim_problem("cuda", 8) and "sdpa or eager" in flex_head_dim_problem("cuda", 8)
+    assert flex_head_dim_problem("cuda", 16) is None and flex_head_dim_problem("cpu", 8) is None

@@ -379,6 +379,19 @@ _FLEX_BLOCKS: dict[tuple[Any, ...], Any] = {}
 _flex_compiled: Any = None
 
 
+#: The smallest head dim compiled FlexAttention lowers on CUDA (Inductor, torch 2.11: "NYI:
+#: embedding dimension of the query, key, and value must be at least 16"; seen on an H100).
+FLEX_MIN_HEAD_DIM_CUDA = 16
+
+
+def flex_head_dim_problem(device_type: str, head_dim: int) -> str | None:
+    """Why FlexAttention cannot run this head dim on this device (``None``: it can)."""
+    if device_type == "cuda" and head_dim < FLEX_MIN_HEAD_DIM_CUDA:
+        return (f"{_OP} '{_FLEX}': head dim {head_dim} < {FLEX_MIN_HEAD_DIM_CUDA}, which compiled FlexAttention "
+                "does not lower on CUDA; use attn_implementation: sdpa or eager for this model")
+    return None
+
+
 def _flex_fn(query: torch.Tensor) -> Any:
     """FlexAttention: compiled on CUDA outside torch.compile (the fused kernel), as it is elsewhere."""
     from torch.nn.attention.flex_attention import flex_attention as flex
@@ -463,6 +476,9 @@ def flex_attention_kernel(
     given_block = isinstance(attention_mask, BlockMask)
     n_rep = _check(query, key, value, None if given_block else attention_mask, _FLEX)
     _check_unsupported(_FLEX, None, kwargs)
+    problem = flex_head_dim_problem(query.device.type, query.shape[-1])
+    if problem:
+        raise ValueError(problem)
     if dropout:
         raise ValueError(f"{_OP} '{_FLEX}': dropout={dropout} cannot be honoured (FlexAttention has no dropout); "
                          "set the model's attention dropout to 0, or attn_implementation: sdpa or eager")
