@@ -78,8 +78,25 @@ class LockWarning(UserWarning):
     file, or it does not match here): ``auto`` uses the static priorities."""
 
 
+class KernelNames:
+    """The names of a kernel that has ``kernel``, ``distribution`` and ``variant`` attributes."""
+
+    kernel: str
+    distribution: str
+    variant: str
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.kernel}@{self.distribution}"
+
+    @property
+    def full_name(self) -> str:
+        """``kernel@distribution/variant``: one kernel name may provide several variants of an op."""
+        return f"{self.qualified_name}/{self.variant}"
+
+
 @dataclass(frozen=True)
-class LockChoice:
+class LockChoice(KernelNames):
     """What ``auto`` takes for one request of an op: the kernel (bare name and distribution)
     and the variant it provides, among the ``variants`` the model accepted (preferred first)."""
 
@@ -95,15 +112,6 @@ class LockChoice:
     #: Median step time with this kernel, and with the static choice, in milliseconds.
     step_ms: float | None = None
     static_step_ms: float | None = None
-
-    @property
-    def qualified_name(self) -> str:
-        return f"{self.kernel}@{self.distribution}"
-
-    @property
-    def full_name(self) -> str:
-        """``kernel@distribution/variant``: one kernel name may provide several variants of an op."""
-        return f"{self.qualified_name}/{self.variant}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"op": self.op, "variants": list(self.variants), "variant": self.variant, "kernel": self.kernel,

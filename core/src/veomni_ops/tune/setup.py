@@ -11,7 +11,7 @@ from typing import Any
 
 from ..config import AUTO, OP_TO_FIELD
 from ..device import DeviceInfo, current_device, is_local
-from ..lock import LockChoice, PlanLock, device_fingerprint, now, versions_here
+from ..lock import KernelNames, LockChoice, PlanLock, device_fingerprint, now, versions_here
 from ..plan import KernelPlan
 from ..registry import RegisteredKernel, Registry
 from ..resolve import OpRequest, load_kernel
@@ -25,21 +25,12 @@ SHAPE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_la
 
 
 @dataclass(frozen=True)
-class Candidate:
+class Candidate(KernelNames):
     """One kernel that can serve a request here: its name, distribution and the variant it provides."""
 
     kernel: str
     distribution: str
     variant: str
-
-    @property
-    def qualified_name(self) -> str:
-        return f"{self.kernel}@{self.distribution}"
-
-    @property
-    def full_name(self) -> str:
-        """``kernel@distribution/variant``: one kernel name may provide several variants of an op."""
-        return f"{self.qualified_name}/{self.variant}"
 
     @classmethod
     def of(cls, rk: RegisteredKernel) -> Candidate:
