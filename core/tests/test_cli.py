@@ -133,14 +133,28 @@ def test_plan_for_another_device_does_not_need_its_packages_here(tmp_path, capsy
     assert json.loads(capsys.readouterr().out)["not_checked"] == []
 
 
-def test_resolve_check_requires_switch(needy_registry):
-    """The library's switch behind remote planning: by default a missing requirement refuses the
-    named kernel, also when planning for another device; check_requires=False plans it."""
+def test_python_resolve_plans_for_another_device_as_the_cli_does(tmp_path, capsys, needy_registry):
+    """veomni_ops.resolve(cfg, "cuda:9.0") is the CLI's plan, by the same code: the requirement this
+    machine lacks is listed as not checked, not refused; check_requires=True refuses it."""
     cfg = {"rms_norm_implementation": "needy"}
+    plan = veomni_ops.resolve(cfg, "cuda:9.0")
+    assert plan.get("rms_norm", "standard").kernel == "needy" and plan.get("rms_norm", "standard").fn is None
+    assert plan.planned_from == "cpu" and plan.not_checked == (("rms_norm", "standard", (ABSENT,)),)
+    assert f"  not checked here: rms_norm/standard needy (needy) requires {ABSENT}" in plan.table().splitlines()
+    assert main(["resolve", write(tmp_path, "rms_norm_implementation: needy\n"), "--device", "cuda:9.0",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {**plan.to_dict(), "unmanaged": {}}
     with pytest.raises(veomni_ops.ResolutionError, match="which is not installed"):
-        veomni_ops.resolve(cfg, "cuda:9.0", registry=needy_registry, load=False)
-    plan = veomni_ops.resolve(cfg, "cuda:9.0", registry=needy_registry, load=False, check_requires=False)
-    assert plan.get("rms_norm", "standard").kernel == "needy"
+        veomni_ops.resolve(cfg, "cuda:9.0", check_requires=True)
+    # On this machine's own device the requirement is checked (the kernel is refused for the device first).
+    with pytest.raises(veomni_ops.ResolutionError, match="needs a cuda device, this is cpu"):
+        veomni_ops.resolve(cfg)
+    local = veomni_ops.resolve({"swiglu_mlp_implementation": "eager"}, "cpu")
+    assert local.planned_from is None and local.not_checked == () and "planned for" not in local.table()
+    # kernel_problem (what `veomni-ops plugins` says per kernel) takes the same defaults.
+    (needy,) = [k for k in needy_registry if k.spec.name == "needy"]
+    assert RESOLVE.kernel_problem(needy, "cuda:9.0") is None
+    assert "which is not installed" in RESOLVE.kernel_problem(needy, "cuda:9.0", check_requires=True)
 
 
 def test_plugins_for_another_device_says_usable_there(capsys, needy_registry):

@@ -1,4 +1,3 @@
-import functools
 import json
 
 import pytest
@@ -176,24 +175,26 @@ def test_real_capabilities_parse(text, cap):
     assert parse_device(text).capability == cap
 
 
-def _fake_gpu(monkeypatch, capability=(9, 0), name="NVIDIA H100 80GB HBM3"):
-    """This process sees a CUDA GPU of ``capability`` (torch.cuda patched; detection re-run)."""
+@pytest.fixture
+def fake_h100(monkeypatch):
+    """This process sees a CUDA GPU of capability 9.0 (torch.cuda patched, detection re-run;
+    the cached detection is cleared again afterwards)."""
     import torch
     from veomni_ops import device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: capability)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: name)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(torch.version, "hip", None, raising=False)
     monkeypatch.delenv("VEOMNI_OPS_DEVICE", raising=False)
     device.detected_device.cache_clear()
-    monkeypatch.setattr(device, "detected_device", functools.lru_cache(maxsize=1)(device._detect))
+    yield
+    device.detected_device.cache_clear()
 
 
-def test_cuda_without_capability_is_this_machines_gpu(monkeypatch, toy_registry):
+def test_cuda_without_capability_is_this_machines_gpu(monkeypatch, toy_registry, fake_h100):
     """resolve(cfg, device="cuda") on a machine with a GPU reads its capability (here a patched
     torch.cuda saying 9.0): the Hopper-only kernel is planned, not refused for "capability unknown"."""
-    _fake_gpu(monkeypatch)
     cfg = OpsConfig(rms_norm_implementation="hopper")
     for dev in ("cuda", "CUDA", None):
         plan = resolve(cfg, dev, registry=toy_registry, needs={"rms_norm": ["standard"]}, load=False)
