@@ -122,16 +122,16 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
 
 
 def _cmd_resolve(args: argparse.Namespace) -> int:
-    from .config import UNMANAGED_FIELDS, OpsConfig
+    from .config import UNMANAGED_FIELDS
     from .device import current_device
     from .resolve import resolve
 
     dev = current_device(args.device)
-    cfg = OpsConfig.from_yaml(args.config)
-    # For another device than this machine's, resolve imports no kernel and lists the requirements
-    # it could not check (plan.not_checked, under its table), as veomni_ops.resolve does.
-    plan = resolve(cfg, dev, training=not args.inference)
-    unmanaged = dict(cfg.unmanaged)
+    # The file's own problems and the refusals of its other fields come in one error. For another
+    # device than this machine's, no kernel is imported and the requirements that could not be
+    # checked are listed (plan.not_checked, under its table): veomni_ops.resolve's code, as is.
+    plan = resolve(args.config, dev, training=not args.inference)
+    unmanaged = dict(plan.config.unmanaged)
     if args.json:
         out: dict[str, Any] = plan.to_dict()
         out["unmanaged"] = unmanaged
@@ -186,11 +186,11 @@ def _unavailable(name: str) -> int:
 
 
 def _problems(e: BaseException) -> list[str] | None:
+    problems = getattr(e, "problems", None)  # a ConfigError's (the refusals of its other fields end it)
+    if problems and len(problems) > 1:
+        return list(problems)
     refusals = getattr(e, "refusals", None)
-    if refusals:
-        return [r.describe() for r in refusals]
-    problems = getattr(e, "problems", None)
-    return list(problems) if problems and len(problems) > 1 else None
+    return [r.describe() for r in refusals] if refusals else None
 
 
 def _report(args: argparse.Namespace, e: BaseException, message: str) -> None:

@@ -33,7 +33,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Union
 
-from .config import AUTO, OP_TO_FIELD, OpsConfig, as_config
+from .config import AUTO, OP_TO_FIELD, OpsConfig, config_error, read_any
 from .device import DeviceInfo, check_hardware, current_device, detected_device, is_local
 from .discovery import ENV_ALLOW, ENV_DENY, ENV_STRICT, PluginLoadError, discover, strict_mode
 from .plan import KernelPlan, PlanEntry
@@ -430,9 +430,11 @@ def resolve(
     checked (``check_requires`` defaults the same way), since this machine's packages say nothing
     about the target's; the requirements this machine does not meet are listed in the plan's
     ``not_checked`` (and under its table). ``check_requires=True`` / ``load=True`` force either.
-    Raises :class:`ResolutionError` listing every refusal.
+    Raises :class:`ResolutionError` listing every refusal. A mapping or YAML file with problems
+    of its own (unknown fields, bad values, keys given twice) raises one
+    :class:`~veomni_ops.config.ConfigError` listing those and the refusals of resolving its other fields.
     """
-    cfg = as_config(config)
+    cfg, config_problems, source = read_any(config)
     dev = current_device(device)
     reg = registry if registry is not None else discover()
     here = is_local(dev)
@@ -456,6 +458,8 @@ def resolve(
                 refusals.append(got)
             elif all((e.op, e.variant) != (got.op, got.variant) for e in entries):
                 entries.append(got)
+    if config_problems:
+        raise config_error(config_problems, source, refusals, dev)
     if refusals:
         raise ResolutionError(refusals, dev)
     unchecked = () if check_requires else tuple(
