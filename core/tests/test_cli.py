@@ -230,10 +230,12 @@ def test_train_child_writes_its_failure_for_the_parent(tmp_path, capsys, monkeyp
 
 
 def test_train_compare_failed_child_is_one_error(tmp_path, capfd, monkeypatch):
-    """A real child process: its run is refused (flash-attention on a CPU); the parent says so once."""
+    """A real child process: its run fails once the model is built (an activation transformers does
+    not know: nothing the job's checks can see); the parent says so once."""
     pytest.importorskip("transformers")
     monkeypatch.delenv("VEOMNI_OPS_TRACE", raising=False)
-    bad = job(tmp_path, "bad.yaml", "{attn_implementation: flash_attention_2, rms_norm_implementation: eager}")
+    bad = write(tmp_path, JOB.replace("{OPS}", "{rms_norm_implementation: eager}").replace(
+        "head_dim: 16}", "head_dim: 16, hidden_act: no_such_activation}"), "bad.yaml")
     good = job(tmp_path, "good.yaml")
     rc = subprocess.run([sys.executable, "-m", "veomni_ops.cli", "train", bad, "--compare", good],
                         capture_output=True, text=True, env={**os.environ, "VEOMNI_OPS_DEVICE": "cpu"})
@@ -241,4 +243,18 @@ def test_train_compare_failed_child_is_one_error(tmp_path, capfd, monkeypatch):
     errors = [line for line in rc.stderr.splitlines() if line.startswith("veomni-ops train:")]
     assert "Traceback" not in rc.stderr
     assert len(errors) == 1, rc.stderr
-    assert errors[0].startswith(f"veomni-ops train: training {bad} failed: ")
+    assert errors[0].startswith(f"veomni-ops train: training {bad} failed: KeyError: 'no_such_activation'")
+
+
+def test_train_refuses_a_kernel_it_cannot_have_before_building_anything(tmp_path, capsys, monkeypatch):
+    """A named kernel this machine cannot run is refused when the job is read, with every other
+    mistake of the file, before a model is built (flash-attention on a CPU)."""
+    pytest.importorskip("transformers")
+    from veomni_ops.train import loop
+
+    monkeypatch.setattr(loop, "build_model", lambda *a, **k: pytest.fail("a model was built"))
+    bad = job(tmp_path, "bad.yaml", "{attn_implementation: flash_attention_2, rms_norm_implementation: eager}")
+    assert main(["train", bad, "--steps", "1"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"veomni-ops train: {bad}: model.ops_implementation: attn_implementation="
+                          "'flash_attention_2' (op attention"), err
