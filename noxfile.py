@@ -82,7 +82,8 @@ def template(session: nox.Session) -> None:
 
 @nox.session
 def packaging(session: nox.Session) -> None:
-    """Build every wheel, install them into a fresh environment, discover them via entry points."""
+    """Build every wheel, install them into a fresh environment, discover them via entry points; and
+    the install path of a checkout: ./dev wheels, then pip install --find-links dist "veomni-ops[liger,triton]"."""
     session.install(TORCH)
     # setuptools >= 77 reads the SPDX license form; the wheels are built with it, without isolation.
     session.install(*CONSTRAINTS, "-e", "core", "pytest>=8", "build", "wheel", "setuptools>=77")
