@@ -115,3 +115,10 @@ def test_the_job_refusal_and_resolve_device_agree_on_gpu():
     with pytest.raises(DeviceError, match="does not say which kind of GPU"):
         parse_device("gpu")
     assert "does not say which kind of GPU" in device_problem("gpu")
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml")),
+                         ids=lambda p: p.name)
+def test_every_example_job_passes_the_checks(path):
+    """The shipped jobs pass every field check (here=False: the GPU ones are read on this CPU machine)."""
+    load_job(str(path), here=False)
