@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import re
+import tomllib
 import warnings
 from pathlib import Path
 
 import pytest
-import tomllib
 from veomni_ops.binding import versions
 from veomni_ops.binding.versions import UnsupportedTransformersError, check_transformers, support_problem
 

@@ -133,14 +133,28 @@ def test_plan_for_another_device_does_not_need_its_packages_here(tmp_path, capsy
     assert json.loads(capsys.readouterr().out)["not_checked"] == []
 
 
-def test_resolve_check_requires_switch(needy_registry):
-    """The library's switch behind remote planning: by default a missing requirement refuses the
-    named kernel, also when planning for another device; check_requires=False plans it."""
+def test_python_resolve_plans_for_another_device_as_the_cli_does(tmp_path, capsys, needy_registry):
+    """veomni_ops.resolve(cfg, "cuda:9.0") is the CLI's plan, by the same code: the requirement this
+    machine lacks is listed as not checked, not refused; check_requires=True refuses it."""
     cfg = {"rms_norm_implementation": "needy"}
+    plan = veomni_ops.resolve(cfg, "cuda:9.0")
+    assert plan.get("rms_norm", "standard").kernel == "needy" and plan.get("rms_norm", "standard").fn is None
+    assert plan.planned_from == "cpu" and plan.not_checked == (("rms_norm", "standard", (ABSENT,)),)
+    assert f"  not checked here: rms_norm/standard needy (needy) requires {ABSENT}" in plan.table().splitlines()
+    assert main(["resolve", write(tmp_path, "rms_norm_implementation: needy\n"), "--device", "cuda:9.0",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {**plan.to_dict(), "unmanaged": {}}
     with pytest.raises(veomni_ops.ResolutionError, match="which is not installed"):
-        veomni_ops.resolve(cfg, "cuda:9.0", registry=needy_registry, load=False)
-    plan = veomni_ops.resolve(cfg, "cuda:9.0", registry=needy_registry, load=False, check_requires=False)
-    assert plan.get("rms_norm", "standard").kernel == "needy"
+        veomni_ops.resolve(cfg, "cuda:9.0", check_requires=True)
+    # On this machine's own device the requirement is checked (the kernel is refused for the device first).
+    with pytest.raises(veomni_ops.ResolutionError, match="needs a cuda device, this is cpu"):
+        veomni_ops.resolve(cfg)
+    local = veomni_ops.resolve({"swiglu_mlp_implementation": "eager"}, "cpu")
+    assert local.planned_from is None and local.not_checked == () and "planned for" not in local.table()
+    # kernel_problem (what `veomni-ops plugins` says per kernel) takes the same defaults.
+    (needy,) = [k for k in needy_registry if k.spec.name == "needy"]
+    assert RESOLVE.kernel_problem(needy, "cuda:9.0") is None
+    assert "which is not installed" in RESOLVE.kernel_problem(needy, "cuda:9.0", check_requires=True)
 
 
 def test_plugins_for_another_device_says_usable_there(capsys, needy_registry):
@@ -216,10 +230,12 @@ def test_train_child_writes_its_failure_for_the_parent(tmp_path, capsys, monkeyp
 
 
 def test_train_compare_failed_child_is_one_error(tmp_path, capfd, monkeypatch):
-    """A real child process: its run is refused (flash-attention on a CPU); the parent says so once."""
+    """A real child process: its run fails once the model is built (an activation transformers does
+    not know: nothing the job's checks can see); the parent says so once."""
     pytest.importorskip("transformers")
     monkeypatch.delenv("VEOMNI_OPS_TRACE", raising=False)
-    bad = job(tmp_path, "bad.yaml", "{attn_implementation: flash_attention_2, rms_norm_implementation: eager}")
+    bad = write(tmp_path, JOB.replace("{OPS}", "{rms_norm_implementation: eager}").replace(
+        "head_dim: 16}", "head_dim: 16, hidden_act: no_such_activation}"), "bad.yaml")
     good = job(tmp_path, "good.yaml")
     rc = subprocess.run([sys.executable, "-m", "veomni_ops.cli", "train", bad, "--compare", good],
                         capture_output=True, text=True, env={**os.environ, "VEOMNI_OPS_DEVICE": "cpu"})
@@ -227,4 +243,18 @@ def test_train_compare_failed_child_is_one_error(tmp_path, capfd, monkeypatch):
     errors = [line for line in rc.stderr.splitlines() if line.startswith("veomni-ops train:")]
     assert "Traceback" not in rc.stderr
     assert len(errors) == 1, rc.stderr
-    assert errors[0].startswith(f"veomni-ops train: training {bad} failed: ")
+    assert errors[0].startswith(f"veomni-ops train: training {bad} failed: KeyError: 'no_such_activation'")
+
+
+def test_train_refuses_a_kernel_it_cannot_have_before_building_anything(tmp_path, capsys, monkeypatch):
+    """A named kernel this machine cannot run is refused when the job is read, with every other
+    mistake of the file, before a model is built (flash-attention on a CPU)."""
+    pytest.importorskip("transformers")
+    from veomni_ops.train import loop
+
+    monkeypatch.setattr(loop, "build_model", lambda *a, **k: pytest.fail("a model was built"))
+    bad = job(tmp_path, "bad.yaml", "{attn_implementation: flash_attention_2, rms_norm_implementation: eager}")
+    assert main(["train", bad, "--steps", "1"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"veomni-ops train: {bad}: model.ops_implementation: attn_implementation="
+                          "'flash_attention_2' (op attention"), err

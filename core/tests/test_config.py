@@ -260,3 +260,103 @@ def test_a_single_yaml_problem_names_the_file_after_it(tmp_path):
         OpsConfig.from_yaml(p)
     assert str(ei.value) == ("unknown ops_implementation field 'rms_norm_implmentation'; did you mean "
                              f"'rms_norm_implementation'? (in {p})")
+
+
+# ----------------------------------------------------------------------------------------
+# every mistake in one run: the config's own problems with the refusals of its other fields;
+# keys given twice; misspelt sections
+# ----------------------------------------------------------------------------------------
+
+TYPO_AND_UNRESOLVABLE = """\
+model:
+  ops_implementation:
+    rms_norm_implmentation: eager
+    swiglu_mlp_implementation: no_such_kernel
+    cross_entropy_loss_implementation: eager
+"""
+
+
+def test_a_typo_and_an_unresolvable_kernel_are_one_error(tmp_path):
+    """The config stage does not hide the resolution stage: the typo'd field and the kernel no
+    plugin registers come in one ConfigError (its fields that are fine are resolved)."""
+    p = tmp_path / "two.yaml"
+    p.write_text(TYPO_AND_UNRESOLVABLE)
+    for config in (p, str(p)):
+        with pytest.raises(ConfigError) as ei:
+            resolve(config, "cpu")
+        e = ei.value
+        assert str(e).startswith(f"{p}: 2 problems in ops_implementation (1 of them resolving its other fields for "
+                                 "device cpu):\n  - unknown ops_implementation field 'rms_norm_implmentation'; did you "
+                                 "mean 'rms_norm_implementation'?\n  - swiglu_mlp_implementation='no_such_kernel' "
+                                 "(op swiglu, variant standard): ")
+        assert [r.op for r in e.refusals] == ["swiglu"] and len(e.problems) == 2
+    with pytest.raises(ConfigError) as ei:  # a mapping: the same, without a file
+        resolve({"rms_norm_implmentation": "eager", "swiglu_mlp_implementation": "no_such_kernel"}, "cpu")
+    assert str(ei.value).startswith("2 problems in ops_implementation (1 of them resolving")
+    # Only the typo: a ConfigError as before; only the refusal: a ResolutionError as before.
+    with pytest.raises(ConfigError) as ei:
+        resolve({"rms_norm_implmentation": "eager"}, "cpu")
+    assert ei.value.refusals == () and "did you mean 'rms_norm_implementation'" in str(ei.value)
+    from veomni_ops import ResolutionError
+
+    with pytest.raises(ResolutionError):
+        resolve({"swiglu_mlp_implementation": "no_such_kernel"}, "cpu")
+
+
+def test_cli_resolve_reports_the_typo_and_the_refusal_in_one_run(tmp_path, capsys):
+    import json
+
+    from veomni_ops.cli import main
+
+    p = tmp_path / "two.yaml"
+    p.write_text(TYPO_AND_UNRESOLVABLE)
+    assert main(["resolve", str(p), "--device", "cpu", "--json"]) == 1
+    out, err = capsys.readouterr()
+    data = json.loads(out)
+    assert data["kind"] == "ConfigError" and len(data["problems"]) == 2
+    assert "rms_norm_implmentation" in data["problems"][0] and "no_such_kernel" in data["problems"][1]
+    assert err.startswith(f"veomni-ops resolve: {p}: 2 problems in ops_implementation")
+
+
+def test_a_key_given_twice_is_refused_naming_it_and_both_lines(tmp_path):
+    p = tmp_path / "dup.yaml"
+    p.write_text("model:\n  ops_implementation:\n    rms_norm_implementation: liger\n"
+                 "    attn_implementation: sdpa\n    rms_norm_implementation: eager\n")
+    with pytest.raises(ConfigError) as ei:
+        OpsConfig.from_yaml(p)
+    assert str(ei.value) == (f"{p}:5: key 'rms_norm_implementation' is given twice, on lines 3 and 5 (YAML would "
+                             f"keep the second silently): keep one (in {p})")
+    # YAML merge keys are not duplicates; a key repeated in another mapping is not either.
+    q = tmp_path / "merge.yaml"
+    q.write_text("base: &b {rms_norm_implementation: eager}\nops_implementation:\n  <<: *b\n"
+                 "  rms_norm_implementation: eager\n  attn_implementation: sdpa\n")
+    assert OpsConfig.from_yaml(q).rms_norm_implementation == "eager"
+
+
+@pytest.mark.parametrize("text,words", [
+    ("modle:\n  ops_implementation:\n    rms_norm_implementation: eager\n",
+     "'modle': unknown section; did you mean 'model'?"),
+    ("model:\n  model_path: x\n  ops_implementaton:\n    rms_norm_implementation: eager\n",
+     "model.ops_implementaton: unknown section; did you mean model.ops_implementation?"),
+    ("ops_implementaton:\n  rms_norm_implementation: eager\n",
+     "'ops_implementaton': unknown section; did you mean 'ops_implementation'?"),
+])
+def test_a_misspelt_section_is_named_with_a_did_you_mean(tmp_path, text, words):
+    p = tmp_path / "typo.yaml"
+    p.write_text(text)
+    with pytest.raises(ConfigError) as ei:
+        OpsConfig.from_yaml(p)
+    assert str(ei.value) == f"{words} (in {p})"
+
+
+def test_the_block_in_a_misspelt_section_is_still_checked(tmp_path):
+    p = tmp_path / "typo.yaml"
+    p.write_text("modle:\n  ops_implementation:\n    rms_norm_implmentation: eager\n")
+    with pytest.raises(ConfigError) as ei:
+        OpsConfig.from_yaml(p)
+    assert len(ei.value.problems) == 2 and "did you mean 'rms_norm_implementation'" in str(ei.value)
+
+
+def test_a_veomni_config_without_an_ops_block_is_all_defaults():
+    cfg = OpsConfig.from_dict({"model": {"model_path": "x"}, "data": {"train_path": "y"}, "train": {"lr": 1e-5}})
+    assert set(cfg.to_dict().values()) == {"auto"}

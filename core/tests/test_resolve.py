@@ -138,8 +138,87 @@ def test_device_parsing():
     assert parse_device("NPU").type == "npu"
     with pytest.raises(DeviceError, match="unknown device 'tpu'"):
         parse_device("tpu")
-    with pytest.raises(DeviceError, match="not a compute capability for npu"):
+    with pytest.raises(DeviceError, match="npu takes nothing after ':'.*: write npu$"):
         parse_device("npu:9.0")
+
+
+@pytest.mark.parametrize("text,words", [
+    # out of any real range: refused, saying what is valid
+    ("cuda:99.0", "no cuda device has compute capability 99.0; valid: MAJOR.MINOR with MAJOR 3..12 and MINOR 0..9 "
+                  "(7.0 V100"),
+    ("cuda:9.12", "no cuda device has compute capability 9.12"),
+    ("cuda:sm_20", "no cuda device has compute capability 2.0"),
+    ("rocm:3.0", "no rocm device has compute capability 3.0; valid: MAJOR.MINOR with MAJOR 9..12"),
+    # a torch device index is not a capability
+    ("cuda:0", "'0' looks like a torch device index; here the part after ':' is the compute capability to plan for: "
+               "write cuda (this machine's GPU) or cuda:MAJOR.MINOR"),
+    ("cuda:hopper", "'hopper' is not a compute capability; write cuda:MAJOR.MINOR or cuda:smXY"),
+    # device types without capabilities: the hint is for that type, not a cuda-shaped one
+    ("cpu:1", "device 'cpu:1': cpu takes nothing after ':' (kernels declare device types, not chips or indices, "
+              "for cpu): write cpu"),
+    ("npu:910B", "device 'npu:910B': npu takes nothing after ':'"),
+    ("mps:0", "write mps"),
+    # 'gpu' names no device type: refused (as the job's train.device refuses it)
+    ("gpu", "device 'gpu' does not say which kind of GPU: write cuda (NVIDIA), rocm (AMD) or xpu (Intel)"),
+])
+def test_device_refusals_say_what_is_valid_for_that_type(text, words):
+    with pytest.raises(DeviceError) as e:
+        parse_device(text)
+    assert words in str(e.value)
+    if not text.startswith(("cuda", "rocm", "gpu")):
+        assert "cuda" not in str(e.value)
+
+
+@pytest.mark.parametrize("text,cap", [("cuda:3.0", (3, 0)), ("cuda:12.1", (12, 1)), ("cuda:sm_100", (10, 0)),
+                                      ("rocm:9.4", (9, 4)), ("rocm:11.0", (11, 0))])
+def test_real_capabilities_parse(text, cap):
+    assert parse_device(text).capability == cap
+
+
+@pytest.fixture
+def fake_h100(monkeypatch):
+    """This process sees a CUDA GPU of capability 9.0 (torch.cuda patched, detection re-run;
+    the cached detection is cleared again afterwards)."""
+    import torch
+    from veomni_ops import device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.version, "hip", None, raising=False)
+    monkeypatch.delenv("VEOMNI_OPS_DEVICE", raising=False)
+    device.detected_device.cache_clear()
+    yield
+    device.detected_device.cache_clear()
+
+
+def test_cuda_without_capability_is_this_machines_gpu(monkeypatch, toy_registry, fake_h100):
+    """resolve(cfg, device="cuda") on a machine with a GPU reads its capability (here a patched
+    torch.cuda saying 9.0): the Hopper-only kernel is planned, not refused for "capability unknown"."""
+    cfg = OpsConfig(rms_norm_implementation="hopper")
+    for dev in ("cuda", "CUDA", None):
+        plan = resolve(cfg, dev, registry=toy_registry, needs={"rms_norm": ["standard"]}, load=False)
+        assert str(plan.device) == "cuda:9.0" and plan.device.name == "NVIDIA H100 80GB HBM3", dev
+        assert not plan.device.overridden and plan.get("rms_norm", "standard").kernel == "hopper"
+    monkeypatch.setenv("VEOMNI_OPS_DEVICE", "cuda")
+    assert str(resolve(cfg, registry=toy_registry, needs={"rms_norm": ["standard"]}, load=False).device) == "cuda:9.0"
+    # Another capability named explicitly is planned for that one; rocm is not this machine's type.
+    with pytest.raises(ResolutionError, match="needs compute capability <= 9.0, this device has 10.0"):
+        resolve(cfg, "cuda:10.0", registry=toy_registry, needs={"rms_norm": ["standard"]}, load=False)
+    assert resolve({}, "rocm", registry=toy_registry, load=False).device.capability is None
+
+
+def test_cuda_without_capability_on_a_machine_without_one_says_how_to_name_it(monkeypatch, toy_registry):
+    import torch
+    from veomni_ops import device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(device, "detected_device", lambda: device.DeviceInfo("cpu", None, "cpu"))
+    with pytest.raises(ResolutionError) as e:
+        resolve(OpsConfig(rms_norm_implementation="hopper"), "cuda", registry=toy_registry,
+                needs={"rms_norm": ["standard"]}, load=False)
+    assert ("needs compute capability cuda sm 9.0, and the cuda device's capability is unknown (no cuda device here "
+            "to read it from): name it, e.g. cuda:9.0") in str(e.value)
 
 
 def test_device_env_override(monkeypatch, toy_registry):

@@ -195,7 +195,7 @@ def test_model_config_file_refusals(tmp_path, capsys, model, words):
 
 
 def test_example_qwen3_30b_a3b_config_file():
-    job = train.load_job(str(EXAMPLES / "qwen3-30b-a3b-4layers-auto.yaml"))
+    job = train.load_job(str(EXAMPLES / "qwen3-30b-a3b-4layers-auto.yaml"), here=False)  # a GPU job, read here
     cfg = train.build_config(job)
     assert (cfg.model_type, cfg.num_hidden_layers, cfg.hidden_size, cfg.num_experts, cfg.num_experts_per_tok,
             cfg.moe_intermediate_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,

@@ -153,7 +153,7 @@ def test_remove_restores_the_exact_model():
     ref, model = pair("qwen3_moe", attn_implementation="eager")
     user_cfg = model.config
     before = {n: dict(m.__dict__) for n, m in model.named_modules()}
-    binding = veomni_ops.apply(model, {}, device="cpu")  # sdpa over an eager model: configs are copied
+    binding = veomni_ops.apply(model, {"attn_implementation": "sdpa"}, device="cpu")  # over eager: configs copied
     assert model.config is not user_cfg and user_cfg._attn_implementation == "eager"
     assert "private copy" in str(binding)
     assert binding.in_force
@@ -170,6 +170,24 @@ def test_remove_restores_the_exact_model():
     assert torch.equal(g.loss, r.loss) and torch.equal(g.logits, r.logits)
     binding.remove()  # a second call does nothing
     veomni_ops.apply(model, {}, device="cpu")  # and the model can be bound again
+
+
+def test_auto_keeps_the_eager_attention_a_model_was_built_with():
+    """A model built with attn_implementation="eager" (to get attention weights): auto binds the
+    reference attention there, says why, and output_attentions returns what transformers returns."""
+    ref, model = pair("qwen3", attn_implementation="eager")
+    binding = veomni_ops.apply(model, {}, device="cpu")
+    entry = binding.plan.get("attention", "standard")
+    assert entry.kernel == "eager" and "built with attn_implementation='eager'" in entry.reason
+    assert model.config is ref.config or "private copy" not in str(binding)
+    model.eval()
+    ref.eval()
+    b = batch()
+    g, r = model(**b, output_attentions=True), ref(**b, output_attentions=True)
+    for x, y in zip(g.attentions, r.attentions, strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
+    named = veomni_ops.apply(copy.deepcopy(ref), {"attn_implementation": "sdpa"}, device="cpu")
+    assert named.plan.get("attention", "standard").kernel == "sdpa"  # a named kernel still wins
 
 
 def test_a_failed_rebind_keeps_the_first_binding(counting_registry, counter):

@@ -169,10 +169,8 @@ def _wheel_for(wheels: Path, dist: str) -> Path:
 
 
 def _project_name(pyproject: Path) -> str:
-    try:
-        import tomllib
-    except ImportError:  # Python 3.10: the directory is named after the distribution
-        return pyproject.parent.name
+    import tomllib
+
     return tomllib.loads(pyproject.read_text())["project"]["name"]
 
 

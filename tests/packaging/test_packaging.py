@@ -47,15 +47,17 @@ VENDOR_MODULES = ("liger_kernel", "triton", "quack", "flash_attn", "flash_attn_i
 NO_DUP = {"VEOMNI_OPS_DISABLE": "vo-duplicate"}
 
 
-def resolve_code(config: dict, needs: dict | None, device: str | None = None, load: bool = True) -> str:
+def resolve_code(config: dict, needs: dict | None, device: str | None = None, load: bool = True,
+                 check_requires: bool | None = None) -> str:
     """A snippet that resolves ``config`` and prints the plan or the error, plus which fixture
-    modules got imported (to prove a refusal happens before any import)."""
+    modules got imported (to prove a refusal happens before any import). ``check_requires``:
+    resolve's (None: checked only for this machine's device)."""
     return f"""
 import json, sys
 import veomni_ops
 from veomni_ops.resolve import ResolutionError
 try:
-    plan = veomni_ops.resolve({config!r}, {device!r}, needs={needs!r}, load={load!r})
+    plan = veomni_ops.resolve({config!r}, {device!r}, needs={needs!r}, load={load!r}, check_requires={check_requires!r})
 except ResolutionError as e:
     out = {{"ok": False, "error": str(e),
             "cause_type": type(e.__cause__).__name__ if e.__cause__ is not None else None,
@@ -874,8 +876,9 @@ def test_hints_from_installed_wheels_name_the_index_and_the_npu_stack(pkg) -> No
     assert out[1].startswith('To get it: pip install "veomni-ops[npu]"; the npu kernels are torch-npu\'s'), out
     assert "Ascend CANN toolkit" in out[1]
     if "veomni-npu" in pkg.real_plugins:
+        # check_requires=True: as on an Ascend machine (planned from this one, torch-npu is not checked)
         res = pkg.py_json(resolve_code({"rms_norm_implementation": "npu"}, {"rms_norm": ["standard"]}, device="npu",
-                                       load=False))
+                                       load=False, check_requires=True))
         assert not res["ok"]
         assert "requires torch-npu>=2.1, which is not installed" in res["error"], res["error"]
         assert "torch-npu" in res["error"].split("To get it:")[1] and "CANN" in res["error"], res["error"]

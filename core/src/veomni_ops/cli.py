@@ -49,13 +49,6 @@ EXTERNAL_COMMANDS = {
 # ----------------------------------------------------------------------------------------
 
 
-def _unmet(requires: Sequence[str]) -> list[str]:
-    """The requirements of ``requires`` this machine does not satisfy."""
-    from .resolve import requirement_problem
-
-    return [r for r in requires if requirement_problem(r) is not None]
-
-
 def _remote(dev) -> bool:
     from .resolve import is_local
 
@@ -76,20 +69,17 @@ def _here() -> str:
 def _cmd_plugins(args: argparse.Namespace) -> int:
     from .device import current_device
     from .discovery import discover
-    from .resolve import kernel_problem
+    from .resolve import kernel_problem, unmet_requirements
 
     reg = discover()
     dev = current_device(args.device)
     remote = _remote(dev)
     kernels = []
     for rk in reg:
-        unchecked: list[str] = []
-        if remote:  # no import, and requirements of the target machine cannot be seen from here
-            why = kernel_problem(rk, dev, training=False, registry=reg, probe=False, check_requires=False)
-            unchecked = _unmet(rk.spec.requires)
-        else:
-            # Checks and, on this machine's device, an import of its kernel: one that fails is not usable.
-            why = kernel_problem(rk, dev, training=False, registry=reg)
+        # Checks and, on this machine's device, an import of its kernel: one that fails is not usable.
+        # For another device: no import, and the target machine's requirements cannot be seen from here.
+        why = kernel_problem(rk, dev, training=False, registry=reg)
+        unchecked = unmet_requirements(rk.spec.requires) if remote else ()
         kernels.append({**rk.spec.to_dict(), "distribution": rk.provenance.distribution,
                         "version": rk.provenance.version, "usable": why is None, "why_not": why or "",
                         "not_checked": [f"requires {r}" for r in unchecked] if why is None else []})
@@ -139,30 +129,18 @@ def _cmd_resolve(args: argparse.Namespace) -> int:
     from .resolve import resolve
 
     dev = current_device(args.device)
-    cfg = OpsConfig.from_yaml(args.config, defaults=args.defaults)
-    remote = _remote(dev)
-    # Kernels are imported only when resolving for the device this process runs on; the
-    # requirements of another machine cannot be seen from here (listed below as not checked).
-    plan = resolve(cfg, dev, training=not args.inference, check_requires=not remote, compile=args.compile,
-                   lock=_lock_of(args))
-    not_checked = [{"op": e.op, "variant": e.variant, "kernel": e.kernel, "distribution": e.distribution,
-                    "requires": unmet} for e in plan.entries if remote and (unmet := _unmet(e.spec.requires))]
-    unmanaged = dict(cfg.unmanaged)
+    # The file's own problems and the refusals of its other fields come in one error. For another
+    # device than this machine's, no kernel is imported and the requirements that could not be
+    # checked are listed (plan.not_checked, under its table): veomni_ops.resolve's code, as is.
+    source: Any = args.config if args.defaults == "auto" else OpsConfig.from_yaml(args.config, defaults=args.defaults)
+    plan = resolve(source, dev, training=not args.inference, compile=args.compile, lock=_lock_of(args))
+    unmanaged = dict(plan.config.unmanaged)
     if args.json:
         out: dict[str, Any] = plan.to_dict()
-        out["planned_from"] = _here() if remote else None
-        out["not_checked"] = not_checked
         out["unmanaged"] = unmanaged
         print(json.dumps(out, indent=2))
         return 0
     print(plan.table())
-    if remote:
-        print(f"\nplanned for {dev} from this {_here()} machine: no kernel was imported, and requirements this "
-              "machine does not meet were not checked (the target's installed packages cannot be seen from here)"
-              + (":" if not_checked else "."))
-        for n in not_checked:
-            print(f"  not checked here: {n['op']}/{n['variant']} {n['kernel']} ({n['distribution']}) requires "
-                  + ", ".join(n["requires"]))
     if unmanaged:
         print("\nnot managed by veomni-ops (kept as given, not applied; the model's own code runs these ops):")
         width = max(map(len, unmanaged))
@@ -240,11 +218,11 @@ def _unavailable(name: str) -> int:
 
 
 def _problems(e: BaseException) -> list[str] | None:
+    problems = getattr(e, "problems", None)  # a ConfigError's (the refusals of its other fields end it)
+    if problems and len(problems) > 1:
+        return list(problems)
     refusals = getattr(e, "refusals", None)
-    if refusals:
-        return [r.describe() for r in refusals]
-    problems = getattr(e, "problems", None)
-    return list(problems) if problems and len(problems) > 1 else None
+    return [r.describe() for r in refusals] if refusals else None
 
 
 def _report(args: argparse.Namespace, e: BaseException, message: str) -> None:

@@ -33,7 +33,7 @@ import difflib
 import os
 import sys
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
@@ -116,11 +116,14 @@ class _Kept(str):
 
 
 class ConfigError(ValueError):
-    """The ops configuration is malformed. ``problems`` lists every problem found."""
+    """The ops configuration is malformed. ``problems`` lists every problem found; where the rest
+    of the config was resolved too (``veomni_ops.resolve`` of a mapping or a file), ``problems``
+    ends with the resolution's refusals, which ``refusals`` holds as well."""
 
-    def __init__(self, message: str, problems: Iterable[str] | None = None):
+    def __init__(self, message: str, problems: Iterable[str] | None = None, refusals: Iterable[Any] = ()):
         super().__init__(message)
         self.problems: tuple[str, ...] = tuple(problems) if problems is not None else (message,)
+        self.refusals: tuple[Any, ...] = tuple(refusals)
 
 
 class LegacyValueWarning(DeprecationWarning):
@@ -171,34 +174,10 @@ class OpsConfig:
         """
         if defaults not in DEFAULTS:
             raise ConfigError(f"defaults must be one of {', '.join(map(repr, DEFAULTS))}, got {defaults!r}")
-        if check_env:
-            check_removed_env_vars()
-        data = _ops_block(data)
-        problems = []
-        known: dict[str, Any] = {}
-        unmanaged: dict[str, Any] = {}
-        for key, value in data.items():
-            if key in FIELD_TO_OP:
-                known[key] = value
-            elif key in UNMANAGED_FIELDS:
-                unmanaged[key] = value
-            else:
-                problems.append(_unknown_field(key))
-        values, kept, value_problems = _check(known, unmanaged)
-        problems += value_problems
+        cfg, problems = read_config(data, check_env=check_env, defaults=defaults)
         if problems:
             raise _error(problems)
-        if defaults == "veomni":
-            # VeOmni's own spellings, kept (no legacy warning: the caller asked for them).
-            values.update({f: _Kept(v) for f, v in VEOMNI_DEFAULTS.items() if f not in known})
-        if kept:
-            _warn(
-                "ops_implementation: veomni-ops does not manage "
-                + ", ".join(f"{k}={v!r} ({UNMANAGED_FIELDS[k]})" for k, v in kept)
-                + ". Those ops run the model's own code; the values are kept in OpsConfig.unmanaged and not applied.",
-                UnmanagedFieldWarning,
-            )
-        return cls(**values, unmanaged=kept)
+        return cfg
 
     @classmethod
     def veomni_defaults(cls, **fields: Any) -> OpsConfig:
@@ -208,23 +187,15 @@ class OpsConfig:
 
     @classmethod
     def from_yaml(cls, path: str | os.PathLike, *, defaults: str = AUTO) -> OpsConfig:
-        import yaml
-
-        try:
-            with open(path) as fh:
-                data = yaml.safe_load(fh)
-        except FileNotFoundError:
-            raise ConfigError(f"{os.fspath(path)}: no such file (looked in {os.getcwd()})") from None
-        except IsADirectoryError:
-            raise ConfigError(f"{os.fspath(path)}: is a directory, not a YAML file") from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML: {e}") from None
-        try:
-            return cls.from_dict(data or {}, defaults=defaults)
-        except ConfigError as e:  # say which file
-            where = os.fspath(path)
-            message = f"{e} (in {where})" if len(e.problems) == 1 else f"{where}: {e}"
-            raise ConfigError(message, e.problems) from None
+        """From a YAML file (a VeOmni config or an ops block). Every problem, a key given twice
+        included, is raised together in one :class:`ConfigError` that names the file.
+        ``defaults``: as for :meth:`from_dict`."""
+        if defaults not in DEFAULTS:
+            raise ConfigError(f"defaults must be one of {', '.join(map(repr, DEFAULTS))}, got {defaults!r}")
+        cfg, problems = read_config_file(path, defaults=defaults)
+        if problems:
+            raise _error(problems, os.fspath(path))
+        return cfg
 
     # -- accessors ----------------------------------------------------------------------
     def for_op(self, op: str) -> str:
@@ -245,22 +216,6 @@ class OpsConfig:
         here = {f: device_value(FIELD_TO_OP[f], v, kind)[0] for f, v in self.to_dict().items()}
         changed: dict[str, Any] = {f: v for f, v in here.items() if v != getattr(self, f)}
         return dataclasses.replace(self, **changed) if changed else self
-
-
-def _ops_block(data: Any) -> Mapping[str, Any]:
-    """The ops fields of what ``from_dict`` was given: a plain mapping of them, a mapping with an
-    ``ops_implementation`` block, or a whole VeOmni config (``model``, ``data``, ``train``), whose
-    ``model.ops_implementation`` it is -- or nothing (every default) where the model section has none."""
-    if data is None:
-        return {}
-    if isinstance(data, Mapping):
-        if "model" in data and (data["model"] is None or isinstance(data["model"], Mapping)):
-            data = (data["model"] or {}).get("ops_implementation") or {}
-        elif "ops_implementation" in data and isinstance(data["ops_implementation"], Mapping):
-            data = data["ops_implementation"]
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"ops_implementation must be a mapping of field: kernel name, got {type(data).__name__}")
-    return data
 
 
 def _fields_in_veomni_order() -> dict[str, str]:
@@ -292,6 +247,145 @@ def as_config(config: OpsConfig | Mapping[str, Any] | str | os.PathLike | None) 
     if isinstance(config, (str, os.PathLike)):
         return OpsConfig.from_yaml(config)
     raise TypeError(f"config must be an OpsConfig, a mapping or a YAML path, got {type(config).__name__}")
+
+
+def read_any(config: OpsConfig | Mapping[str, Any] | str | os.PathLike | None
+             ) -> tuple[OpsConfig, tuple[str, ...], str | None]:
+    """What :func:`as_config` reads, without raising for the config's own problems: the config
+    of every field that has none (the others ``auto``), every problem, and the file it came
+    from (None for a mapping). ``veomni_ops.resolve`` resolves the first and reports all."""
+    if config is None or isinstance(config, OpsConfig):
+        return as_config(config), (), None
+    if isinstance(config, Mapping):
+        return (*read_config(config), None)
+    if isinstance(config, (str, os.PathLike)):
+        return (*read_config_file(config), os.fspath(config))
+    raise TypeError(f"config must be an OpsConfig, a mapping or a YAML path, got {type(config).__name__}")
+
+
+def read_config(data: Any, *, check_env: bool = True, defaults: str = AUTO) -> tuple[OpsConfig, tuple[str, ...]]:
+    """``OpsConfig.from_dict`` without raising for problems: the config of every field that has
+    none (the others left ``auto``) and every problem found. Warns for unmanaged fields only
+    when there is no problem (the config is then the one asked for)."""
+    problems = removed_env_var_problems() if check_env else []
+    block, _ = _ops_block(data, problems)
+    known: dict[str, Any] = {}
+    unmanaged: dict[str, Any] = {}
+    for key, value in block.items():
+        if key in FIELD_TO_OP:
+            known[key] = value
+        elif key in UNMANAGED_FIELDS:
+            unmanaged[key] = value
+        else:
+            problems.append(_unknown_field(key))
+    values, kept, value_problems = _check(known, unmanaged)
+    problems += value_problems
+    if defaults == "veomni":
+        # VeOmni's own spellings, kept (no legacy warning: the caller asked for them).
+        values.update({f: _Kept(v) for f, v in VEOMNI_DEFAULTS.items() if f not in known})
+    if kept and not problems:
+        _warn(
+            "ops_implementation: veomni-ops does not manage "
+            + ", ".join(f"{k}={v!r} ({UNMANAGED_FIELDS[k]})" for k, v in kept)
+            + ". Those ops run the model's own code; the values are kept in OpsConfig.unmanaged and not applied.",
+            UnmanagedFieldWarning,
+        )
+    return OpsConfig(**values, unmanaged=kept), tuple(problems)
+
+
+def read_config_file(path: str | os.PathLike, *, defaults: str = AUTO) -> tuple[OpsConfig, tuple[str, ...]]:
+    """``OpsConfig.from_yaml`` without raising for the config's problems (see :func:`read_config`);
+    a missing file or one that is not YAML still raises :class:`ConfigError`."""
+    try:
+        data, problems = load_yaml(path)
+    except FileNotFoundError:
+        raise ConfigError(f"{os.fspath(path)}: no such file (looked in {os.getcwd()})") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{os.fspath(path)}: is a directory, not a YAML file") from None
+    cfg, more = read_config(data or {}, defaults=defaults)
+    return cfg, (*problems, *more)
+
+
+def _ops_block(data: Any, problems: list[str]) -> tuple[Mapping[str, Any], str]:
+    """The ops block of ``data`` (a plain block, ``{ops_implementation: ...}`` or a whole VeOmni
+    config, ``{model: {ops_implementation: ...}}``) and where it is, for messages. A VeOmni
+    config whose ``model:`` has no ops block is all defaults. A misspelt section (``modle:``,
+    ``ops_implementaton:``) is a problem that names it, and the block in it is still checked."""
+    where = "ops_implementation"
+    if data is None:
+        return {}, where
+    if not isinstance(data, Mapping):
+        problems.append(f"ops_implementation must be a mapping of field: kernel name, got {type(data).__name__}")
+        return {}, where
+    block: Any = data
+    model_key = "model" if isinstance(data.get("model"), Mapping) else _close_to(data, "model")
+    if model_key is not None:  # a whole VeOmni config
+        if model_key != "model":
+            problems.append(f"{model_key!r}: unknown section; did you mean 'model'?")
+        model = data[model_key]
+        where = "model.ops_implementation"
+        ops_key = "ops_implementation" if "ops_implementation" in model else _close_to(model, "ops_implementation")
+        if ops_key is None:
+            return {}, where  # VeOmni's model section without an ops block: every op auto
+        if ops_key != "ops_implementation":
+            problems.append(f"model.{ops_key}: unknown section; did you mean model.ops_implementation?")
+        block = model[ops_key]
+    else:
+        ops_key = ("ops_implementation" if isinstance(data.get("ops_implementation"), Mapping)
+                   else _close_to(data, "ops_implementation"))
+        if ops_key is not None:
+            if ops_key != "ops_implementation":
+                problems.append(f"{ops_key!r}: unknown section; did you mean 'ops_implementation'?")
+            block = data[ops_key]
+    if block is None:
+        return {}, where
+    if not isinstance(block, Mapping):
+        problems.append(f"{where} must be a mapping of field: kernel name, got {type(block).__name__}")
+        return {}, where
+    return block, where
+
+
+def _close_to(mapping: Mapping[str, Any], name: str) -> str | None:
+    """The key of ``mapping`` that is a misspelling of section ``name`` and holds a mapping, or None."""
+    keys = [k for k, v in mapping.items() if isinstance(k, str) and isinstance(v, Mapping)]
+    match = difflib.get_close_matches(name, keys, n=1, cutoff=SUGGEST_CUTOFF)
+    return match[0] if match else None
+
+
+def load_yaml(path: str | os.PathLike) -> tuple[Any, list[str]]:
+    """The YAML document at ``path``, and its problems: each key given twice in one mapping
+    (YAML would keep the last value silently), named with both lines. A file that is not YAML
+    raises :class:`ConfigError`; a missing one, ``FileNotFoundError``."""
+    import yaml
+
+    duplicates: list[str] = []
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    def mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = loader.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                first = seen.setdefault(key, line)
+            except TypeError:  # an unhashable key: PyYAML refuses it below
+                continue
+            if first != line:
+                duplicates.append(f"{os.fspath(path)}:{line}: key {key!r} is given twice, on lines {first} and "
+                                  f"{line} (YAML would keep the second silently): keep one")
+        return loader.construct_mapping(node, deep=True)
+
+    Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    with open(path) as fh:
+        try:
+            data = yaml.load(fh, Loader=Loader)  # a SafeLoader: no arbitrary objects
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{os.fspath(path)}: not valid YAML: {e}") from None
+    return data, duplicates
 
 
 # ----------------------------------------------------------------------------------------
@@ -331,11 +425,25 @@ def _check(values: Mapping[str, Any], unmanaged: Any) -> tuple[dict[str, str], t
     return out, tuple(sorted(kept)), problems
 
 
-def _error(problems: list[str]) -> ConfigError:
+def _error(problems: Sequence[str], where: str | None = None, refusals: Sequence[Any] = (),
+           device: Any = None) -> ConfigError:
+    """One :class:`ConfigError` for every problem of a config (of the file ``where``, if any),
+    ``refusals`` the resolution's of its other fields (their descriptions end ``problems``)."""
+    problems = [*problems, *(r.describe() for r in refusals)]
     if len(problems) == 1:
-        return ConfigError(problems[0], problems)
-    return ConfigError(f"{len(problems)} problems in ops_implementation:\n" + "\n".join(f"  - {p}" for p in problems),
-                       problems)
+        return ConfigError(f"{problems[0]} (in {where})" if where else problems[0], problems, refusals)
+    head = f"{len(problems)} problems in ops_implementation"
+    if refusals:
+        head += f" ({len(refusals)} of them resolving its other fields for device {device})"
+    message = f"{head}:\n" + "\n".join(f"  - {p}" for p in problems)
+    return ConfigError(f"{where}: {message}" if where else message, problems, refusals)
+
+
+def config_error(problems: Sequence[str], where: str | None = None, refusals: Sequence[Any] = (),
+                 device: Any = None) -> ConfigError:
+    """The :class:`ConfigError` ``veomni_ops.resolve`` raises for a config with problems: the
+    config's own and the refusals of resolving the rest, in one message."""
+    return _error(problems, where, refusals, device)
 
 
 def _stem(name: str) -> str:
@@ -415,8 +523,14 @@ def _warn(message: str, category: type[Warning]) -> None:
     warnings.warn(message, category, stacklevel=level)
 
 
-def check_removed_env_vars(env: Mapping[str, str] | None = None) -> None:
+def removed_env_var_problems(env: Mapping[str, str] | None = None) -> list[str]:
+    """One problem per removed environment variable that is set (:data:`REMOVED_ENV_VARS`)."""
     env = os.environ if env is None else env
-    problems = [f"{k} is set, but it was removed: {fix}" for k, fix in REMOVED_ENV_VARS.items() if k in env]
+    return [f"{k} is set, but it was removed: {fix}. Unset the variable." for k, fix in REMOVED_ENV_VARS.items()
+            if k in env]
+
+
+def check_removed_env_vars(env: Mapping[str, str] | None = None) -> None:
+    problems = removed_env_var_problems(env)
     if problems:
-        raise ConfigError("; ".join(problems) + ". Unset the variable.")
+        raise _error(problems)

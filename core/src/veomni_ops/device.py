@@ -51,27 +51,53 @@ class DeviceInfo:
         }
 
 
+#: Compute capabilities a real device of the type can have (MAJOR range; MINOR 0..9), with
+#: examples, for refusing what no GPU has (``cuda:99.0``) and saying what is valid. ROCm's is
+#: the gfx generation as torch reports it (gfx90a 9.0, gfx942 9.4, gfx1100 11.0).
+CAPABILITY_RANGES: dict[str, tuple[int, int, str]] = {
+    "cuda": (3, 12, "7.0 V100, 8.0 A100, 8.9 L40S, 9.0 H100/H200, 10.0 B200, 12.0 RTX 50xx"),
+    "rocm": (9, 12, "9.0 MI200, 9.4 MI300X, 9.5 MI350X, 11.0 RX 7900"),
+}
+
+_EXAMPLE = {"cuda": "cuda:9.0", "rocm": "rocm:9.4"}
+_DEVICE_FORMS = ("write one of cuda[:MAJOR.MINOR], rocm[:MAJOR.MINOR], npu, xpu, mps, cpu "
+                 "(e.g. cuda:9.0 for an H100; cuda alone is this machine's GPU)")
+
+
 def parse_device(text: str) -> DeviceInfo:
-    """Parse ``cuda``, ``cuda:9.0``, ``cuda:sm_90``, ``rocm:9.4``, ``npu``, ``cpu`` ..."""
+    """Parse ``cuda``, ``cuda:9.0``, ``cuda:sm_90``, ``rocm:9.4``, ``npu``, ``cpu`` ... The part
+    after ``:`` is a compute capability, for cuda and rocm only; every refusal says what to write
+    for the device type given."""
     raw = text
     text = text.strip().lower()
-    dtype, _, cap = text.partition(":")
+    dtype, colon, cap = text.partition(":")
     if dtype == "gpu":
-        dtype = "cuda"
+        raise DeviceError(f"device {raw!r} does not say which kind of GPU: write cuda (NVIDIA), rocm (AMD) or xpu "
+                          "(Intel); with a compute capability to plan for another machine (cuda:9.0 for an H100)")
     if dtype not in DEVICE_TYPES or dtype == "any":
-        raise DeviceError(
-            f"unknown device {raw!r}; write one of cuda[:MAJOR.MINOR], rocm[:MAJOR.MINOR], npu, xpu, mps, cpu "
-            "(e.g. cuda:9.0 for an H100)"
-        )
-    capability = None
-    if cap:
-        m = re.fullmatch(r"(?:sm_?)?(\d+)\.(\d+)|sm_?(\d+)(\d)", cap)
-        if not m or dtype not in ("cuda", "rocm"):
-            raise DeviceError(
-                f"device {raw!r}: {cap!r} is not a compute capability for {dtype}; write e.g. cuda:9.0 or cuda:sm90"
-            )
-        capability = (int(m.group(1)), int(m.group(2))) if m.group(1) else (int(m.group(3)), int(m.group(4)))
+        raise DeviceError(f"unknown device {raw!r}; {_DEVICE_FORMS}")
+    if colon and dtype not in CAPABILITY_RANGES:
+        raise DeviceError(f"device {raw!r}: {dtype} takes nothing after ':' (kernels declare device types, not "
+                          f"chips or indices, for {dtype}): write {dtype}")
+    capability = _parse_capability(raw, dtype, cap) if colon else None
     return DeviceInfo(dtype, capability, name=f"override {raw}", overridden=True)
+
+
+def _parse_capability(raw: str, dtype: str, cap: str) -> tuple[int, int]:
+    lo, hi, examples = CAPABILITY_RANGES[dtype]
+    valid = f"valid: MAJOR.MINOR with MAJOR {lo}..{hi} and MINOR 0..9 ({examples})"
+    if cap.isdigit() and len(cap) == 1:
+        raise DeviceError(f"device {raw!r}: {cap!r} looks like a torch device index; here the part after ':' is the "
+                          f"compute capability to plan for: write {dtype} (this machine's GPU) or {dtype}:MAJOR.MINOR "
+                          f"({valid})")
+    m = re.fullmatch(r"(?:sm_?)?(\d+)\.(\d+)|sm_?(\d+)(\d)", cap)
+    if not m:
+        raise DeviceError(f"device {raw!r}: {cap!r} is not a compute capability; write {dtype}:MAJOR.MINOR or "
+                          f"{dtype}:smXY ({valid})")
+    major, minor = (int(m.group(1)), int(m.group(2))) if m.group(1) else (int(m.group(3)), int(m.group(4)))
+    if not (lo <= major <= hi and 0 <= minor <= 9):
+        raise DeviceError(f"device {raw!r}: no {dtype} device has compute capability {major}.{minor}; {valid}")
+    return major, minor
 
 
 def _detect() -> DeviceInfo:
@@ -105,15 +131,20 @@ def detected_device() -> DeviceInfo:
 
 
 def current_device(override: str | DeviceInfo | None = None) -> DeviceInfo:
-    """The device to resolve for: ``override``, else ``$VEOMNI_OPS_DEVICE``, else detected (cached)."""
+    """The device to resolve for: ``override``, else ``$VEOMNI_OPS_DEVICE``, else detected (cached).
+    ``cuda`` or ``rocm`` without a capability is this machine's GPU where it has one of that type
+    (the detected device, capability included), else a device of unknown capability."""
     if isinstance(override, DeviceInfo):
         return override
-    if override:
-        return parse_device(override)
-    env = os.environ.get(DEVICE_ENV, "").strip()
-    if env:
-        return parse_device(env)
-    return detected_device()
+    text = override or os.environ.get(DEVICE_ENV, "").strip()
+    if not text:
+        return detected_device()
+    dev = parse_device(text)
+    if dev.type in CAPABILITY_RANGES and dev.capability is None:
+        here = detected_device()
+        if here.type == dev.type:
+            return here
+    return dev
 
 
 def is_local(dev: DeviceInfo) -> bool:
@@ -130,7 +161,8 @@ def check_hardware(req: HardwareRequirement, dev: DeviceInfo) -> str | None:
         return f"needs a {'/'.join(req.device_types)} device, this is {dev.type}"
     if dev.type in ("cuda", "rocm") and (req.min_capability or req.max_capability):
         if dev.capability is None:
-            return f"needs compute capability {req.describe()}, and the {dev.type} device's capability is unknown"
+            return (f"needs compute capability {req.describe()}, and the {dev.type} device's capability is unknown "
+                    f"(no {dev.type} device here to read it from): name it, e.g. {_EXAMPLE[dev.type]}")
         if req.min_capability and dev.capability < req.min_capability:
             return "needs compute capability >= %d.%d, this device has %d.%d" % (*req.min_capability, *dev.capability)
         if req.max_capability and dev.capability > req.max_capability:

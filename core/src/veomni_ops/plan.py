@@ -102,6 +102,11 @@ class KernelPlan:
     compile: bool = False
     #: the plan lock in force (``veomni_ops.lock``: which file, how it was named, where it was tuned), if any
     lock: str | None = None
+    #: planned for another device than this machine's: this machine's device (e.g. ``cpu``); None here
+    planned_from: str | None = None
+    #: per ``(op, variant)``, the requirements of its kernel this machine does not meet and that were
+    #: not checked (planning for another machine, whose installed packages cannot be seen from here)
+    not_checked: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
 
     @property
     def mode(self) -> str:
@@ -129,6 +134,15 @@ class KernelPlan:
             )
         return e.fn
 
+    def not_checked_entries(self) -> list[tuple[PlanEntry, tuple[str, ...]]]:
+        """The entries whose kernel's requirements were not checked here, each with those requirements."""
+        out = []
+        for op, variant, requires in self.not_checked:
+            e = self.get(op, variant)
+            if e is not None:
+                out.append((e, requires))
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "device": self.device.to_dict(),
@@ -136,6 +150,9 @@ class KernelPlan:
             "lock": self.lock,
             "config": self.config.to_dict(),
             "entries": [e.to_dict() for e in self.entries],
+            "planned_from": self.planned_from,
+            "not_checked": [{"op": e.op, "variant": e.variant, "kernel": e.kernel, "distribution": e.distribution,
+                             "requires": list(r)} for e, r in self.not_checked_entries()],
         }
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -149,7 +166,17 @@ class KernelPlan:
         title = (f"KernelPlan for {self.device}" + (f" ({self.device.name})" if self.device.name else "")
                  + f", mode {self.mode}" + (" (torch.compile: supports_compile kernels only)" if self.compile else "")
                  + (f"; plan lock {self.lock}" if self.lock else ""))
-        return "\n".join([title, *text_columns(rows)])
+        lines = [title, *text_columns(rows)]
+        if self.planned_from is not None:
+            unchecked = self.not_checked_entries()
+            loaded = any(e.fn is not None for e in self.entries)
+            lines += ["", f"planned for {self.device} from this {self.planned_from} machine: "
+                      + ("" if loaded else "no kernel was imported, and ")
+                      + "requirements this machine does not meet were not checked (the target's installed packages "
+                      "cannot be seen from here)" + (":" if unchecked else ".")]
+            lines += [f"  not checked here: {e.op}/{e.variant} {e.kernel} ({e.distribution}) requires {', '.join(r)}"
+                      for e, r in unchecked]
+        return "\n".join(lines)
 
     def __str__(self) -> str:
         return self.table()

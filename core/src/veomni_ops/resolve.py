@@ -40,8 +40,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Union
 
-from .config import AUTO, OP_TO_FIELD, OpsConfig, as_config
-from .device import DeviceInfo, check_hardware, current_device, is_local
+from .config import AUTO, OP_TO_FIELD, OpsConfig, config_error, read_any
+from .device import DeviceInfo, check_hardware, current_device, detected_device, is_local
 from .discovery import ENV_ALLOW, ENV_DENY, ENV_STRICT, PluginLoadError, discover, strict_mode
 from .lock import LockArg, PlanLock, active_lock
 from .plan import KernelPlan, PlanEntry
@@ -215,18 +215,21 @@ def _strict_import_error(rk: RegisteredKernel, e: BaseException, name: str) -> P
 def kernel_problem(rk: RegisteredKernel, device: DeviceInfo | str | None = None, *, dtype: str | None = None,
                    training: bool = True, features: Iterable[str] = (), compile: bool = False,
                    probe: bool | None = None, registry: Registry | None = None,
-                   check_requires: bool = True) -> str | None:
+                   check_requires: bool | None = None) -> str | None:
     """Why ``rk`` cannot be used here, ``None`` if it can: :func:`static_problem`, and then
     whether its kernel imports. ``probe`` (default: the device is this machine's) imports the
     factory to find out; otherwise only a failure already seen in this process counts. Under
     ``VEOMNI_OPS_STRICT=1`` an import failure raises :class:`PluginLoadError`. This is what
-    ``veomni-ops plugins`` reports as "usable here". ``check_requires``: see :func:`static_problem`."""
+    ``veomni-ops plugins`` reports as "usable here". ``check_requires`` (default: the device is
+    this machine's, as in :func:`resolve`): see :func:`static_problem`."""
     dev = current_device(device)
+    here = is_local(dev)
+    check_requires = here if check_requires is None else check_requires
     why = static_problem(rk.spec, dev, dtype, training, features, compile, check_requires=check_requires)
     if why:
         return why
     if probe is None:
-        probe = is_local(dev)
+        probe = here
     if probe:
         try:
             load_kernel(rk)
@@ -252,6 +255,11 @@ def requirement_problem(text: str) -> str | None:
     if req.specifier and not req.specifier.contains(have, prereleases=True):
         return f"requires {text}, installed is {req.name} {have}"
     return None
+
+
+def unmet_requirements(requires: Iterable[str]) -> tuple[str, ...]:
+    """The requirements of ``requires`` (PEP 508) this machine's installed distributions do not satisfy."""
+    return tuple(r for r in requires if requirement_problem(r) is not None)
 
 
 def static_problem(spec: KernelSpec, device: DeviceInfo, dtype: str | None = None, training: bool = True,
@@ -414,7 +422,7 @@ def resolve(
     features: Mapping[str, Iterable[str]] | None = None,
     compile: bool = False,
     parallel: Mapping[str, Iterable[str]] | None = None,
-    check_requires: bool = True,
+    check_requires: bool | None = None,
     lock: LockArg = None,
 ) -> KernelPlan:
     """Resolve ``config`` for ``device`` into a :class:`KernelPlan`.
@@ -424,11 +432,17 @@ def resolve(
     (kernel must have a backward) filter kernels, and so do ``features`` (per op, what the
     model's places need honoured, e.g. ``{"attention": {"softcap"}}``) and ``compile``
     (the model will run under ``torch.compile``: only ``supports_compile`` kernels), and so does ``parallel`` (per
-    op, what the job's parallel layout needs, e.g. ``{"attention": {"sp"}}``). ``check_requires=False``
-    skips the check of each kernel's ``requires`` (planning for another machine). ``load=False`` checks everything but
-    the import (for resolving for another device); the default loads unless the device is
-    one this machine is not (``VEOMNI_OPS_DEVICE=cuda:9.0`` on a CPU box). Raises :class:`ResolutionError` listing
-    every refusal.
+    op, what the job's parallel layout needs, e.g. ``{"attention": {"sp"}}``).
+
+    Planning for another device than this machine's (``device="cuda:9.0"`` on a laptop) is what
+    ``veomni-ops resolve --device`` does, by the same code: no kernel is imported (``load``
+    defaults to whether the device is this machine's), and each kernel's ``requires`` is not
+    checked (``check_requires`` defaults the same way), since this machine's packages say nothing
+    about the target's; the requirements this machine does not meet are listed in the plan's
+    ``not_checked`` (and under its table). ``check_requires=True`` / ``load=True`` force either.
+    Raises :class:`ResolutionError` listing every refusal. A mapping or YAML file with problems
+    of its own (unknown fields, bad values, keys given twice) raises one
+    :class:`~veomni_ops.config.ConfigError` listing those and the refusals of resolving its other fields.
 
     ``lock``: a plan lock (:mod:`.lock`; a path, a :class:`~veomni_ops.lock.PlanLock`, ``None``: the
     ``VEOMNI_OPS_LOCK`` variable if set, ``False``: none). Where it matches this device, these versions
@@ -436,11 +450,13 @@ def resolve(
     for every op on ``auto``; a lock passed explicitly that does not match raises
     :class:`~veomni_ops.lock.LockMismatchError`, one found through the variable is ignored with a warning.
     """
-    cfg = as_config(config)
+    cfg, config_problems, source = read_any(config)
     dev = current_device(device)
     locked = active_lock(lock, dev, compile=compile, dtype=dtype)
     reg = registry if registry is not None else discover()
-    load = is_local(dev) if load is None else load
+    local = is_local(dev)
+    load = local if load is None else load
+    check_requires = local if check_requires is None else check_requires
     if needs is not None:
         _checked_ops("needs", needs)
     here = cfg.for_device(dev)  # VeOmni's device-dependent values, as the kernels they are on dev
@@ -466,10 +482,14 @@ def resolve(
                 refusals.append(got)
             elif all((e.op, e.variant) != (got.op, got.variant) for e in entries):
                 entries.append(got)
+    if config_problems:
+        raise config_error(config_problems, source, refusals, dev)
     if refusals:
         raise ResolutionError(refusals, dev)
-    return KernelPlan(dev, cfg, tuple(entries), compile=compile,
-                      lock=locked.describe() if locked is not None else None)
+    unchecked = () if check_requires else tuple(
+        (e.op, e.variant, unmet) for e in entries if (unmet := unmet_requirements(e.spec.requires)))
+    return KernelPlan(dev, cfg, tuple(entries), compile=compile, planned_from=None if local else str(detected_device()),
+                      not_checked=unchecked, lock=locked.describe() if locked is not None else None)
 
 
 def _as_veomni_means(got: PlanEntry | Refusal, op: str, written: str, dev: DeviceInfo) -> PlanEntry | Refusal:

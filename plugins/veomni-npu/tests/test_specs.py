@@ -184,8 +184,9 @@ def test_explicit_npu_without_torch_npu_installed_is_refused_with_the_install_hi
     monkeypatch.setattr(sys, "path", [p for p in sys.path if Path(p or ".").resolve() != FAKES])
     reg = npu_registry()
     with pytest.raises(ResolutionError) as ei:
+        # check_requires=True: as on an NPU machine (planned from this one, requirements are not checked)
         resolve(OpsConfig(rms_norm_implementation="npu"), device="npu", registry=reg,
-                needs={"rms_norm": ["standard"]}, load=False)
+                needs={"rms_norm": ["standard"]}, load=False, check_requires=True)
     msg = str(ei.value)
     assert "requires torch-npu>=2.1, which is not installed" in msg
     assert 'pip install "veomni-ops[npu]"' in msg

@@ -184,8 +184,9 @@ def test_missing_quack_distribution_is_refused_with_the_install_hint(monkeypatch
 
     monkeypatch.setattr(sys.modules["veomni_ops.resolve"].metadata, "version", version)
     with pytest.raises(ResolutionError) as ei:
+        # check_requires=True: as on an H100 (planned from this machine, requirements are not checked)
         resolve(OpsConfig(rms_norm_implementation="quack"), device="cuda:9.0", registry=quack_registry(),
-                needs={"rms_norm": ["standard"]}, load=False)
+                needs={"rms_norm": ["standard"]}, load=False, check_requires=True)
     msg = str(ei.value)
     assert "requires quack-kernels>=0.6.5,<0.7, which is not installed" in msg
     assert 'pip install "veomni-ops[quack]"' in msg

@@ -24,7 +24,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
-import sys
 import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -355,8 +354,12 @@ def apply(
     else:
         # Found and checked once; every resolution below reads the same lock (or none).
         target["lock"] = active_lock(lock, dev, compile=compile, dtype=dtype) or False
-        plan, places, no_kernel = _resolve_leaving_auto(type(model).__name__, cfg, dev, places, target)
+        asked = _asked_for_eager_attention(here, places)
+        wanted = dataclasses.replace(cfg, attn_implementation="eager") if asked else cfg
+        plan, places, no_kernel = _resolve_leaving_auto(type(model).__name__, wanted, dev, places, target)
         skipped += no_kernel
+        if asked:
+            plan = _said_in_plan(plan, "attention", asked)
     notes: list[str] = []
     if any(p.op == "cross_entropy" for p in places):
         plan, note = _with_logits_kernel(plan, cfg, dev, target)
@@ -411,6 +414,27 @@ def _usable_places(owner: str, cfg: OpsConfig, places: list[Place]) -> tuple[lis
     return places, skipped
 
 
+def _asked_for_eager_attention(cfg: OpsConfig, places: list[Place]) -> str | None:
+    """Why ``auto`` takes the reference attention: the model was built with
+    ``attn_implementation="eager"`` (what a user asks for to get attention weights), and the
+    config leaves attention on ``auto``. ``None`` otherwise."""
+    if cfg.for_op("attention") != AUTO:
+        return None
+    paths = [p.path for p in places if p.op == "attention"
+             and getattr(getattr(p.module, "config", None), "_attn_implementation", None) == "eager"]
+    if not paths:
+        return None
+    return ("auto: the model was built with attn_implementation='eager' (attention weights, output_attentions), "
+            "so its attention stays the reference kernel; name a kernel (attn_implementation: sdpa, ...) for "
+            "another")
+
+
+def _said_in_plan(plan: KernelPlan, op: str, reason: str) -> KernelPlan:
+    """``plan`` with the entries of ``op`` marked as ``auto``'s choice, for ``reason``."""
+    entries = tuple(dataclasses.replace(e, requested=AUTO, reason=reason) if e.op == op else e for e in plan.entries)
+    return dataclasses.replace(plan, entries=entries)
+
+
 def _resolve_leaving_auto(owner: str, cfg: OpsConfig, dev: DeviceInfo, places: list[Place],
                           target: dict[str, Any]) -> tuple[KernelPlan, list[Place], list[tuple[str, str, str]]]:
     """Resolve for ``places``. An op left at ``auto`` for which no kernel is usable here is
@@ -429,7 +453,7 @@ def _resolve_leaving_auto(owner: str, cfg: OpsConfig, dev: DeviceInfo, places: l
                 feats = _describe_features({op: f for op, f in features_of(places).items()
                                             if op in {r.op for r in named}})
                 if feats:
-                    _add_note(err, f"(while binding {owner}: its places need {feats})")
+                    err.add_note(f"(while binding {owner}: its places need {feats})")
                 if err is e:
                     raise
                 raise err from e
@@ -468,15 +492,6 @@ def _with_logits_kernel(plan: KernelPlan, cfg: OpsConfig, dev: DeviceInfo,
     if entry is None:  # pragma: no cover - resolve returns what it was asked for or raises
         return plan, None
     return dataclasses.replace(plan, entries=(*plan.entries, entry)), note
-
-
-def _add_note(e: BaseException, note: str) -> None:
-    """``e.add_note(note)``; before Python 3.11, which has no exception notes, the note is
-    appended to the message."""
-    if sys.version_info >= (3, 11):
-        e.add_note(note)
-    else:
-        e.args = (f"{e}\n{note}", *e.args[1:])
 
 
 def _describe_features(feats: Mapping[str, frozenset[str]]) -> str:

@@ -14,6 +14,12 @@ binds it, and trains N steps of AdamW on synthetic token data.
     parallel: {dp_shard: 2, sp: 2, ep: 2}    # optional: FSDP2 / Ulysses / experts over torchrun's processes
     lock: qwen3-small.lock.json              # optional: a plan lock (veomni-ops tune), relative to this YAML
 
+Every field is checked when the job is read (:func:`~veomni_ops.train.job.load_job`), before
+anything is built, and every mistake of the file comes in one error: unknown sections and fields
+(with a did-you-mean), values out of range (``batch_size: 0``, ``lr: fast``, ``dtype: fp64``), a
+key given twice, a device torch does not see here (``device: gpu`` names none: write ``cuda``),
+and each named kernel this machine cannot run.
+
 With ``parallel:`` (or under ``torchrun --nproc-per-node N``) every process is one rank of the job
 (:mod:`veomni_ops.parallel`): the plan is resolved for the layout and its kernels wrapped, the
 model FSDP2-sharded, each rank trains its part of the same global batch, and rank 0 reports the

@@ -3,7 +3,9 @@ filled with defaults (see :mod:`veomni_ops.train` for the format)."""
 
 from __future__ import annotations
 
+import difflib
 import json
+import math
 import os
 from typing import Any
 
@@ -30,80 +32,173 @@ TRAIN_DEFAULTS: dict[str, Any] = dict(batch_size=4, seq_len=128, steps=20, lr=1e
                                       device="auto", seed=0, compile=False)
 
 
+#: What train.dtype may be (torch dtype names), and spellings people write for them.
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16",
+                 "fp64": "float64", "double": "float64"}
+#: torch device types train.device may name (with an index: cuda:1), besides auto.
+TRAIN_DEVICES = ("cpu", "cuda", "mps", "xpu", "npu")
+#: The job's sections, and the model section's fields.
+SECTIONS = ("model", "train", "parallel", "lock")
+MODEL_FIELDS = ("architecture", "size", "config_file", "config", "ops_implementation")
+
+
 class TrainConfigError(ValueError):
-    """A job YAML or a train option is malformed or cannot run here (the CLI reports it and exits 1)."""
+    """A job YAML or a train option is malformed or cannot run here (the CLI reports it and exits 1).
+    ``problems`` lists every mistake found in the job (the message has them all)."""
+
+    def __init__(self, message: str, problems: list[str] | tuple[str, ...] | None = None):
+        super().__init__(message)
+        self.problems: tuple[str, ...] = tuple(problems) if problems is not None else (message,)
 
 
 class RunFailed(RuntimeError):
     """A training run in a child process failed (its output is above)."""
 
 
-def load_job(path: str) -> dict[str, Any]:
-    import yaml
+def load_job(path: str, here: bool = True) -> dict[str, Any]:
+    """The job of the YAML file ``path``, every field checked before anything is built: every
+    mistake of the file (sections, model, ops_implementation, train, parallel) is raised together
+    in one :class:`TrainConfigError`. ``here`` (the default; what ``veomni-ops train`` does):
+    also that it can run on this machine, its train.device one torch sees and the kernels it
+    names usable here; ``here=False`` reads a job meant for another machine (a GPU job on a laptop)."""
+    from ..config import load_yaml
 
-    from ..config import ConfigError, OpsConfig
-
-    try:
-        with open(path) as fh:
-            data = yaml.safe_load(fh) or {}
-    except FileNotFoundError:
-        raise
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
+    data, problems = load_yaml(path)
+    data = {} if data is None else data
+    if not isinstance(data, dict):
         raise TrainConfigError(f"{path}: expected a mapping with a 'model:' section (architecture and size, or "
-                               "config_file; ops_implementation)")
-    model = dict(data["model"])
-    overrides = model.pop("config", None) or {}
-    config_file = model.pop("config_file", None)
+                               f"config_file; ops_implementation), not {type(data).__name__}")
+    problems += _unknown(data, SECTIONS, "section", "")
+    model = _section(data, "model", problems, required=True)
+    job = _load_model(path, model, problems)
+    job["train"] = train = _load_train(data.get("train"), problems, here)
+    job["parallel"] = _load_parallel(data.get("parallel"), train, problems)
+    try:
+        job["lock"] = job_lock(path, data.get("lock"))
+    except TrainConfigError as e:
+        problems.append(str(e).removeprefix(f"{path}: "))
+    if here and not problems:  # the kernels it names, resolved for where it trains (nothing imported)
+        problems += _named_kernel_refusals(job)
+    if problems:
+        if len(problems) == 1:
+            raise TrainConfigError(f"{path}: {problems[0]}", problems)
+        raise TrainConfigError(f"{path}: {len(problems)} problems in the job:\n"
+                               + "\n".join(f"  - {p}" for p in problems), problems)
+    return {"path": path, **job}
+
+
+def _unknown(section: dict[str, Any], known: tuple[str, ...], what: str, prefix: str) -> list[str]:
+    """One problem per key of ``section`` not in ``known``, with a did-you-mean where one is close."""
+    out = []
+    for key in section:
+        if key in known:
+            continue
+        guess = difflib.get_close_matches(str(key), known, n=1, cutoff=0.7)
+        hint = f"did you mean {prefix}{guess[0]}?" if guess else f"known: {', '.join(known)}"
+        out.append(f"unknown {what} {prefix}{key}; {hint}")
+    return out
+
+
+def _section(data: dict[str, Any], name: str, problems: list[str], required: bool = False) -> dict[str, Any]:
+    value = data.get(name)
+    if value is None:
+        typo = next((k for k in data if difflib.get_close_matches(str(k), [name], cutoff=0.7)), None)
+        if required and typo is None:
+            problems.append(f"no '{name}:' section: the job needs one (architecture and size, or config_file; "
+                            "ops_implementation)")
+        return {}
+    if not isinstance(value, dict):
+        problems.append(f"{name} must be a mapping of fields, not {type(value).__name__} {value!r}")
+        return {}
+    return value
+
+
+def _load_model(path: str, model: dict[str, Any], problems: list[str]) -> dict[str, Any]:
+    """architecture, size, config_file, config overrides and the ops config of ``model:``."""
+    from ..config import OpsConfig, read_config
+
+    if not model:  # missing or misspelt (said already): its fields are not checked
+        return {"architecture": "", "size": None, "config_file": None, "ops": OpsConfig(), "overrides": {}}
+    problems += _unknown(model, MODEL_FIELDS, "model field", "model.")
+    overrides = model.get("config") or {}
+    config_file = model.get("config_file")
     if isinstance(overrides, str):
         if config_file is not None:
-            raise TrainConfigError(f"{path}: model.config is a path and model.config_file is set too; use "
-                                   "config_file: PATH and config: {field: value} for overrides")
+            problems.append("model.config is a path and model.config_file is set too; use config_file: PATH and "
+                            "config: {field: value} for overrides")
         config_file, overrides = overrides, {}
     if not isinstance(overrides, dict):
-        raise TrainConfigError(f"{path}: model.config must be a mapping of config fields to override (or the path "
-                               f"of a config.json), not {type(overrides).__name__}")
-    arch = str(model.pop("architecture", "") or "").lower()
-    size = model.pop("size", None)
+        problems.append("model.config must be a mapping of config fields to override (or the path of a config.json), "
+                        f"not {type(overrides).__name__}")
+        overrides = {}
+    arch = str(model.get("architecture", "") or "").lower()
+    size = model.get("size")
     if config_file is not None:
         if size is not None:
-            raise TrainConfigError(f"{path}: model.size is a preset of ours; with model.config_file the file gives "
-                                   "the shapes: remove size (override fields under model.config)")
+            problems.append("model.size is a preset of ours; with model.config_file the file gives the shapes: remove "
+                            "size (override fields under model.config)")
         config_file = os.path.join(os.path.dirname(os.path.abspath(path)), os.path.expanduser(str(config_file)))
-        file_cfg = read_config_file(config_file)
-        model_type = str(file_cfg.get("model_type") or "")
-        if not model_type:
-            raise TrainConfigError(f"{config_file}: has no 'model_type'; it is not a transformers config.json")
-        if arch and arch != model_type:
-            raise TrainConfigError(f"{path}: model.architecture {arch!r} disagrees with model_type {model_type!r} of "
-                                   f"{config_file}; remove architecture (the file decides)")
-        arch, size = model_type, None
+        arch, size = _model_type(config_file, arch, problems), None
     else:
         if arch not in ARCHITECTURES:
-            raise TrainConfigError(f"{path}: model.architecture {arch!r} is not one of: {', '.join(ARCHITECTURES)} "
-                                   "(or give model.config_file: a transformers config.json)")
+            problems.append(f"model.architecture {arch!r} is not one of: {', '.join(ARCHITECTURES)} (or give "
+                            "model.config_file: a transformers config.json)")
         size = str(size or "tiny").lower()
         if size not in SIZES:
-            raise TrainConfigError(f"{path}: model.size {size!r} is not one of: {', '.join(SIZES)}")
-    ops = OpsConfig.from_dict(model.pop("ops_implementation", None) or {})
-    if model:
-        raise TrainConfigError(f"{path}: unknown model field(s): {', '.join(model)}; known: architecture, size, "
-                               "config_file, config, ops_implementation")
+            problems.append(f"model.size {size!r} is not one of: {', '.join(SIZES)}")
+    ops, ops_problems = read_config(model.get("ops_implementation") or {})
+    problems += [f"model.ops_implementation: {p}" for p in ops_problems]
+    return {"architecture": arch, "size": size, "config_file": config_file, "ops": ops, "overrides": overrides}
+
+
+def _model_type(config_file: str, arch: str, problems: list[str]) -> str:
+    """The ``model_type`` of a transformers config.json (``arch`` where it cannot be read)."""
+    try:
+        file_cfg = read_config_file(config_file)
+    except TrainConfigError as e:
+        problems.append(str(e))
+        return arch
+    model_type = str(file_cfg.get("model_type") or "")
+    if not model_type:
+        problems.append(f"{config_file}: has no 'model_type'; it is not a transformers config.json")
+    elif arch and arch != model_type:
+        problems.append(f"model.architecture {arch!r} disagrees with model_type {model_type!r} of {config_file}; "
+                        "remove architecture (the file decides)")
+    return model_type
+
+
+def _load_train(section: Any, problems: list[str], here: bool) -> dict[str, Any]:
+    """train: every field checked (types, ranges, names; with ``here``, the device is one torch sees)."""
     train = dict(TRAIN_DEFAULTS)
-    extra = set(data.get("train") or {}) - set(TRAIN_DEFAULTS)
-    if extra:
-        raise TrainConfigError(f"{path}: unknown train field(s): {', '.join(sorted(extra))}; known: {', '.join(TRAIN_DEFAULTS)}")
-    train.update(data.get("train") or {})
+    if section is None:
+        return train
+    if not isinstance(section, dict):
+        problems.append(f"train must be a mapping of fields ({', '.join(TRAIN_DEFAULTS)}), not "
+                        f"{type(section).__name__} {section!r}")
+        return train
+    problems += _unknown(section, tuple(TRAIN_DEFAULTS), "train field", "train.")
+    train.update((k, v) for k, v in section.items() if k in TRAIN_DEFAULTS)
+    for name, lowest, why in (("batch_size", 1, ""), ("steps", 1, ""),
+                              ("seq_len", 2, " (the loss predicts each next token: one token has none)")):
+        value = train[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
+            problems.append(f"train.{name} must be a whole number >= {lowest}{why}, got {value!r}")
+    seed = train["seed"]
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63 - 1:
+        problems.append(f"train.seed must be a whole number >= 0, got {seed!r}")
+    train["lr"] = _learning_rate(train["lr"], problems)
+    dtype = train["dtype"]
+    if dtype not in DTYPES:
+        alias = DTYPE_ALIASES.get(str(dtype).lower())
+        hint = f"write {alias}" if alias else f"one of: {', '.join(DTYPES)}"
+        problems.append(f"train.dtype {dtype!r} is not a dtype name here; {hint}")
     if not isinstance(train["compile"], bool):
-        raise TrainConfigError(f"{path}: train.compile must be true or false, not {train['compile']!r}")
-    unknown_top = set(data) - {"model", "train", "parallel", "lock"}
-    if unknown_top:
-        raise TrainConfigError(f"{path}: unknown section(s): {', '.join(sorted(unknown_top))}; known: model, train, "
-                               "parallel, lock")
-    return {"path": path, "architecture": arch, "size": size, "config_file": config_file, "ops": ops,
-            "overrides": overrides, "train": train, "parallel": _load_parallel(path, data.get("parallel")),
-            "lock": job_lock(path, data.get("lock"))}
+        problems.append(f"train.compile must be true or false, got {train['compile']!r}")
+    reason = device_problem(train["device"], here)
+    if reason:
+        problems.append(f"train.device {train['device']!r}: {reason}")
+    return train
 
 
 def job_lock(path: str, value: Any):
@@ -121,16 +216,113 @@ def job_lock(path: str, value: Any):
     return LockFile(os.path.normpath(where), explicit=False, origin=f"lock: in {path}")
 
 
-def _load_parallel(path: str, section: Any):
+def _learning_rate(value: Any, problems: list[str]) -> Any:
+    """train.lr as a float (YAML reads ``1e-3``, without a dot, as a string: it is a number here)."""
+    try:
+        lr = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        lr = math.nan
+    if not (math.isfinite(lr) and lr > 0):
+        problems.append(f"train.lr must be a number > 0 (e.g. 1.0e-3), got {value!r}")
+        return value
+    return lr
+
+
+def device_problem(device: Any, here: bool = True) -> str | None:
+    """Why ``device`` (train.device) cannot be trained on, or None: ``auto``, or a torch device
+    (``cpu``, ``cuda``, ``cuda:1``, ``mps``, ``xpu``, ``npu``); with ``here``, one torch sees on this machine."""
+    if device == "auto":
+        return None
+    text = str(device).strip().lower()
+    kind, colon, index = text.partition(":")
+    if kind == "gpu":
+        return "does not say which kind of GPU: write cuda (NVIDIA, and AMD under ROCm torch) or xpu (Intel), or auto"
+    if kind == "rocm":
+        return "ROCm GPUs are cuda to torch: write cuda (or auto)"
+    if not isinstance(device, str) or kind not in TRAIN_DEVICES or (colon and not index.isdigit()):
+        return f"write auto, or a torch device: {', '.join(TRAIN_DEVICES)}, with an index for a GPU (cuda:1)"
+    if colon and kind in ("cpu", "mps"):
+        return f"{kind} takes no index: write {kind}"
+    if kind == "cpu" or not here:
+        return None
+    count = _device_count(kind)
+    if count == 0:
+        return f"torch sees no {kind} device on this machine; write device: cpu, or auto (a GPU where there is one)"
+    if colon and int(index) >= count:
+        return f"torch sees {count} {kind} device(s) here (indices 0..{count - 1})"
+    return None
+
+
+def _device_count(kind: str) -> int:
+    import torch
+
+    if kind == "cuda":
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if kind == "mps":
+        return int(torch.backends.mps.is_available())
+    if kind == "xpu":
+        return torch.xpu.device_count() if hasattr(torch, "xpu") and torch.xpu.is_available() else 0
+    try:  # npu: torch_npu adds torch.npu where the CANN stack is
+        import torch_npu  # noqa: F401
+
+        return int(torch.npu.device_count())  # type: ignore[attr-defined]
+    except Exception:
+        return 0
+
+
+def _load_parallel(section: Any, train: dict[str, Any], problems: list[str]):
     """The job's ``parallel:`` layout (:class:`veomni_ops.parallel.ParallelLayout`), or None."""
     if section is None:
         return None
     from ..parallel.layout import ParallelConfigError, ParallelLayout
 
     try:
-        return ParallelLayout.from_dict(section)
+        layout = ParallelLayout.from_dict(section)
     except ParallelConfigError as e:
-        raise ParallelConfigError(f"{path}: {e}") from None
+        problems.append(str(e))
+        return None
+    b = train["batch_size"]
+    if isinstance(b, int) and not isinstance(b, bool) and b >= 1:
+        try:
+            layout.check_batch(b)
+        except ParallelConfigError as e:
+            problems.append(str(e))
+    if train["compile"] is True and not layout.is_trivial:
+        problems.append("train.compile with a parallel layout is not supported yet (FSDP2/Ulysses/EP run eagerly "
+                        "here); set train.compile: false")
+    return layout
+
+
+def plan_device(device: str):
+    """The device to resolve the plan for: the detected one (None), unless the job trains on the
+    CPU of a GPU machine."""
+    from ..device import DeviceInfo, current_device
+
+    if device.split(":")[0] == "cpu" and current_device().type != "cpu":
+        return DeviceInfo("cpu", None, "cpu")
+    return None
+
+
+def _named_kernel_refusals(job: dict[str, Any]) -> list[str]:
+    """Why a kernel the job names (not ``auto``) cannot be had where it trains: resolved as
+    binding will (device, dtype, a backward, compile mode), without importing it. The model's
+    own needs (variants, features) are checked when it is bound."""
+    from ..config import AUTO, OP_TO_FIELD
+    from ..discovery import discover
+    from ..resolve import ResolutionError, _all_needs, resolve
+
+    ops, t = job["ops"], job["train"]
+    named = [op for op in OP_TO_FIELD if ops.for_op(op) != AUTO]
+    if not named:
+        return []
+    reg = discover()
+    needs = {op: v for op, v in _all_needs(reg, ops).items() if op in named}
+    try:
+        resolve(ops, plan_device(t["device"]), needs=needs, registry=reg, dtype=t["dtype"], compile=t["compile"],
+                load=False)
+    except ResolutionError as e:
+        return [f"model.ops_implementation: {r.describe()}" for r in e.refusals]
+    return []
 
 
 def read_config_file(path: str) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from .baselines import BASELINES, apply_liger, check_baseline, compile_apply, liger_version
-from .job import RunFailed, TrainConfigError
+from .job import RunFailed, TrainConfigError, plan_device
 from .model import build_config, build_model, peak_bytes, resolve_device, synthetic_batches
 
 
@@ -33,15 +33,6 @@ def rate_stats(rates: list[float], warmup: int) -> dict[str, Any]:
     }
 
 
-def _plan_device(device: str):
-    """The device to resolve the plan for: the detected one, unless the job trains on the CPU of a GPU machine."""
-    from ..device import DeviceInfo, current_device
-
-    if device.split(":")[0] == "cpu" and current_device().type != "cpu":
-        return DeviceInfo("cpu", None, "cpu")
-    return None
-
-
 def _prepare(job: dict[str, Any], baseline: str | None, device: str, dtype, out, rt=None) -> tuple[Any, dict[str, Any]]:
     """Build the model for this run, bind or patch it, compile it where asked. Returns (model, facts).
     ``rt``: the parallel runtime of this rank (the plan is resolved and wrapped for its layout, then FSDP2)."""
@@ -55,7 +46,7 @@ def _prepare(job: dict[str, Any], baseline: str | None, device: str, dtype, out,
         if compiled:
             compile_apply(apply)
         model = build_model(job, device).to(dtype=dtype)
-        kw: dict[str, Any] = {"device": _plan_device(device)}
+        kw: dict[str, Any] = {"device": plan_device(device)}
         if rt is not None:
             rt.prepare(model)
             kw["parallel"] = rt

@@ -74,7 +74,9 @@ def _setup(args: argparse.Namespace) -> TuneSetup:
     unknown = [op for op in args.op if op not in OPS]
     if unknown:
         raise TrainConfigError(f"--op {', '.join(unknown)}: no such op; the ops: {', '.join(OPS)}")
-    job = load_job(args.config)
+    # Read as a job for any machine: a dry run may plan for another device, and a real tune
+    # refuses a device that is not this machine's below, saying so.
+    job = load_job(args.config, here=False)
     s = setup(job)
     if args.op:
         s = dataclasses.replace(s, requests=tuple(r for r in s.requests if r.op in args.op))

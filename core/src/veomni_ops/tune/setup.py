@@ -133,11 +133,11 @@ class TuneSetup:
 
 def tune_device(job: dict[str, Any]) -> tuple[str, DeviceInfo]:
     """Where the job trains (torch's device string) and the device its plan is resolved for."""
-    from ..train.loop import _plan_device
+    from ..train.job import plan_device
     from ..train.model import resolve_device
 
     where = resolve_device(job["train"]["device"])
-    return where, current_device(_plan_device(where))
+    return where, current_device(plan_device(where))
 
 
 def check_tunable(job: dict[str, Any]) -> None:
