@@ -318,11 +318,12 @@ def _ops_block(data: Any, problems: list[str]) -> tuple[Mapping[str, Any], str]:
         problems.append(f"ops_implementation must be a mapping of field: kernel name, got {type(data).__name__}")
         return {}, where
     block: Any = data
-    model_key = "model" if isinstance(data.get("model"), Mapping) else _close_to(data, "model")
+    whole = "model" in data and (data["model"] is None or isinstance(data["model"], Mapping))
+    model_key = "model" if whole else _close_to(data, "model")
     if model_key is not None:  # a whole VeOmni config
         if model_key != "model":
             problems.append(f"{model_key!r}: unknown section; did you mean 'model'?")
-        model = data[model_key]
+        model = data[model_key] or {}  # an empty model: section is every default
         where = "model.ops_implementation"
         ops_key = "ops_implementation" if "ops_implementation" in model else _close_to(model, "ops_implementation")
         if ops_key is None:

@@ -354,12 +354,14 @@ def apply(
     else:
         # Found and checked once; every resolution below reads the same lock (or none).
         target["lock"] = active_lock(lock, dev, compile=compile, dtype=dtype) or False
-        asked = _asked_for_eager_attention(here, places)
-        wanted = dataclasses.replace(cfg, attn_implementation="eager") if asked else cfg
-        plan, places, no_kernel = _resolve_leaving_auto(type(model).__name__, wanted, dev, places, target)
-        skipped += no_kernel
-        if asked:
+        plan, places, no_kernel = _resolve_leaving_auto(type(model).__name__, cfg, dev, places, target)
+        chosen = plan.get("attention", "standard")
+        asked = _asked_for_eager_attention(here, places) if chosen is not None and chosen.kernel != "eager" else None
+        if asked:  # the model asked for eager attention and auto chose another: keep the model's
+            wanted = dataclasses.replace(cfg, attn_implementation="eager")
+            plan, places, no_kernel = _resolve_leaving_auto(type(model).__name__, wanted, dev, places, target)
             plan = _said_in_plan(plan, "attention", asked)
+        skipped += no_kernel
     notes: list[str] = []
     if any(p.op == "cross_entropy" for p in places):
         plan, note = _with_logits_kernel(plan, cfg, dev, target)
