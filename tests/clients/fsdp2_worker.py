@@ -70,6 +70,10 @@ def main(argv: list[str]) -> int:
         result = {"unbound": run(spec, bind=False), "bound": run(spec, bind=True)}
         if dist.get_rank() == 0:
             torch.save(result, os.path.join(argv[1], "result.pt"))
+        # Every rank past its last collective before any tears the group down: a rank that
+        # destroyed its gloo pairs while the other still used them aborted it at exit
+        # ("terminate called without an active exception", seen once in CI on qwen3_moe-fp32).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
     return 0
