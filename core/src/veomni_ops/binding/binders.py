@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from .functions import code_names, function_globals, library_method, user_override
+from .head import plain_linear
 
 
 @dataclass
@@ -389,16 +390,12 @@ def _head_problem(m: nn.Module) -> str | None:
     and the lm_head weight must be at hand, and nothing may change the logits between
     lm_head and the loss."""
     lm_head = m._modules["lm_head"]
-    if not isinstance(lm_head, nn.Linear) or type(lm_head) is not nn.Linear and not _plain_linear(lm_head):
+    if not plain_linear(lm_head):
         return (f"lm_head is a {type(lm_head).__module__}.{type(lm_head).__qualname__}, not a plain nn.Linear "
                 "(an adapter on the head, e.g. LoRA on lm_head): the fused loss would skip it")
     if head_rescales_logits(m):
         return "the model rescales its logits between lm_head and the loss (soft-capping or a logit scale)"
     return None
-
-
-def _plain_linear(m: nn.Module) -> bool:
-    return type(m).forward is nn.Linear.forward
 
 
 def _find_head(path: str, m: nn.Module, survey: Survey) -> list[Place]:

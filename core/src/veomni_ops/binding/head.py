@@ -60,7 +60,7 @@ def causal_lm_forward(original: Callable[..., Any], *, fused: Callable | None, l
         skip = kwargs.pop("skip_logits", skip_logits)
         labels = kwargs.get("labels")
         want_loss = labels is not None or kwargs.get("shift_labels") is not None
-        plain_head = _plain_linear(self.lm_head)
+        plain_head = plain_linear(self.lm_head)
         if skip is None:
             skip = (fused is not None and want_loss and bool(return_dict) and self.training
                     and torch.is_grad_enabled() and plain_head)
@@ -105,7 +105,7 @@ def _aux_overrides(original: Callable[..., Any], lbl: Callable) -> dict[str, Any
     return out
 
 
-def _plain_linear(m: Any) -> bool:
+def plain_linear(m: Any) -> bool:
     """Is ``m`` a plain ``nn.Linear`` (its forward is ``F.linear`` of its weight and bias)? An
     adapter put on ``lm_head`` after binding (PEFT's LoRA) is not: the fused loss would skip it."""
     return isinstance(m, torch.nn.Linear) and type(m).forward is torch.nn.Linear.forward
