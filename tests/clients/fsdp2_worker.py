@@ -80,4 +80,13 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    code = main(sys.argv[1:])  # an error raises here: a traceback and a non-zero exit, as always
+    # The work is done and the group destroyed; leave without the interpreter's finalisation.
+    # torch 2.13's gloo teardown sometimes aborts a rank *after* destroy_process_group and the
+    # barrier above ("terminate called without an active exception", no Python frame: a C++
+    # thread still joinable at static destruction; seen in CI on qwen3-bf16 and qwen3_moe-fp32
+    # with the newest transformers). That crash is torch's exit path, not the training this
+    # test checks, so it must not fail the test: flush what we printed and exit with our code.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
