@@ -20,6 +20,7 @@ EXPECTED = {
     ("rotary", "partial"): "veomni_npu.kernels.rotary:apply_rotary",
     ("swiglu", "standard"): "veomni_npu.kernels.swiglu:silu_mul",
     ("moe_experts", "standard"): "veomni_npu.kernels.moe:moe_experts",
+    ("attention", "standard"): "veomni_npu.kernels.attention:npu_attention",
 }
 
 

@@ -25,9 +25,11 @@ Every spec is named ``npu`` (VeOmni's values: ``rms_norm_implementation: npu``,
   permute/unpermute autograd formulas first appear in op-plugin 7.2.0, and 2.7.1 is the
   first torch-npu line released from 7.2.0 (README, "Versions").
 * ``supports_compile``: False everywhere (unverified; torchair / dynamo on NPU never run).
+* ``attention``: ``npu_fusion_attention`` (``kernels/attention.py``), VeOmni's flash attention on
+  an NPU; bfloat16/float16 (what every torch_npu release documents), no soft-capping or sinks.
 * Not registered: ``cross_entropy`` (VeOmni's NPU path ``chunk_loss`` is plain PyTorch; the
-  core's ``chunked`` kernel is that, and runs on any device), ``load_balancing_loss`` and
-  ``attention`` (no torch_npu kernel with those contracts here).
+  core's ``chunked`` kernel is that, and runs on any device) and ``load_balancing_loss`` (no
+  torch_npu kernel with that contract here).
 """
 
 from __future__ import annotations
@@ -120,5 +122,28 @@ def moe_experts() -> list[KernelSpec]:
             requires=("torch-npu>=2.7.1",),  # permute/unpermute autograd formulas: op-plugin 7.2.0
             tolerances=_MOE_TOL,
             parallel=("ep",),  # honours the -1 sentinel; E from gate_up_proj: runs expert-parallel
+        )
+    ]
+
+
+# Against the float64 reference: the kernel rounds the probabilities to the input dtype before
+# the P@V product and the output once (a flash-attention kernel), as veomni-flash declares.
+_ATTENTION_TOL = {"bfloat16": Tolerance(3e-2, 3e-2), "float16": Tolerance(5e-3, 5e-3)}
+
+
+@hookimpl
+def attention() -> list[KernelSpec]:
+    # VeOmni's flash attention on an Ascend NPU is this kernel (transformers' NPU flash attention):
+    # veomni_ops.veomni.DEVICE_VALUES maps flash_attention_2/3/4 to it on an NPU.
+    return [
+        _NPU.spec(
+            "attention", "standard", "attention:npu_attention",
+            "torch_npu.npu_fusion_attention: BSND/BNSD, GQA via head_num, causal as sparse mode 2, boolean masks "
+            "(True = masked), packed documents as the TND varlen layout, dropout as keep_prob; no softcap, no sinks, "
+            "no weights (not run on an NPU)",
+            dtypes=("bfloat16", "float16"),  # float32 is in newer torch_npu docs only
+            tolerances=_ATTENTION_TOL,
+            features=("sliding_window", "dropout"),
+            parallel=("sp",),  # heads from the tensors; causality and packing from the call
         )
     ]

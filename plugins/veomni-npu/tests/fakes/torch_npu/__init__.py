@@ -8,8 +8,8 @@ argument translation, layouts, dtype handling and autograd wiring are exercised.
 nothing about the real kernels' numerics or speed: nothing here has run on an NPU.
 
 Where the real operator has an autograd formula (npu_rms_norm, npu_rotary_mul, npu_swiglu,
-npu_moe_token_permute, npu_moe_token_unpermute), the stand-in is differentiable through
-plain torch ops. ``npu_grouped_matmul`` has none in torch_npu, so the stand-in returns
+npu_moe_token_permute, npu_moe_token_unpermute, npu_fusion_attention), the stand-in is
+differentiable through plain torch ops. ``npu_grouped_matmul`` has none in torch_npu, so the stand-in returns
 results detached from the graph: an adapter that forgot its own backward loses gradients
 here too.
 
@@ -274,3 +274,171 @@ def npu_grouped_matmul(
         return [out]
     _fail(op, f"the stand-in implements group_type 0 and 2 only, got {group_type}")
     raise AssertionError  # unreachable
+
+
+# --------------------------------------------------------------------------- npu_fusion_attention
+_NO_BAND = 2147483647
+#: The compressed causal mask sparse modes 2 and 3 take (torch_npu docs): triu(ones(2048, 2048), 1).
+_COMPRESSED = 2048
+
+
+def _attention_mask_rows(op: str, atten_mask: torch.Tensor | None, sparse_mode: int, b: int, n: int, sq: int, sk: int,
+                         pre: int, nxt: int, varlen: bool) -> torch.Tensor | None:
+    """Boolean ``[b or 1, n or 1, sq, sk]``, True = masked, for one call (or one varlen document)."""
+    i = torch.arange(sq)[:, None]
+    j = torch.arange(sk)[None, :]
+    if sparse_mode in (2, 3):
+        if atten_mask is None or tuple(atten_mask.shape) != (_COMPRESSED, _COMPRESSED):
+            _fail(op, f"sparse_mode={sparse_mode} takes the compressed {_COMPRESSED}x{_COMPRESSED} causal atten_mask, "
+                      f"got {None if atten_mask is None else tuple(atten_mask.shape)}")
+        want = torch.ones(_COMPRESSED, _COMPRESSED, dtype=torch.bool).triu(1)
+        if not torch.equal(atten_mask.cpu().bool(), want):
+            _fail(op, f"the compressed atten_mask of sparse_mode={sparse_mode} must be triu(ones(2048, 2048), 1) "
+                      "(True above the diagonal)")
+        # 2: causal from the top-left corner; 3: from the bottom-right corner.
+        shift = 0 if sparse_mode == 2 else sk - sq
+        return (j > i + shift)[None, None]
+    # sparse_mode 0 (defaultMask): without a mask everything is computed, pre/next ignored.
+    if atten_mask is None:
+        return None
+    if varlen:
+        _fail(op, "the stand-in implements a varlen (TND) atten_mask only as the compressed mask of sparse_mode 2/3")
+    shape = tuple(atten_mask.shape)
+    forms = {(b, n, sq, sk), (b, 1, sq, sk), (1, 1, sq, sk), (sq, sk)}  # BNSS, B1SS, 11SS, SS
+    if shape not in forms:
+        _fail(op, f"atten_mask {shape} is none of BNSS, B1SS, 11SS, SS for B={b}, N={n}, Sq={sq}, Skv={sk}")
+    mask = atten_mask.bool().reshape((1, 1, sq, sk) if len(shape) == 2 else shape)
+    # The band (top-left origin), as the docs' reference builds it: triu(next + 1) | tril(-pre - 1).
+    return mask | ((j - i > nxt) | (i - j > pre))[None, None]
+
+
+def _attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: torch.Tensor | None, scale: float,
+                    keep_prob: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``[B, N, S, D]`` in float64: softmax(scale * q k^T, masked -> -inf), dropout, @ v; GQA by head groups."""
+    rep = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(rep, dim=1)  # query head h reads key/value head h // rep
+    v = v.repeat_interleave(rep, dim=1)
+    scores = scale * (q @ k.transpose(-1, -2))
+    if masked is not None:
+        scores = scores.masked_fill(masked, float("-inf"))  # a row with every key masked: NaN, never guessed
+    probs = torch.softmax(scores, dim=-1)
+    if keep_prob < 1.0:
+        probs = probs * torch.bernoulli(torch.full_like(probs, keep_prob)) / keep_prob
+    row_max = scores.amax(dim=-1, keepdim=True)
+    row_sum = (scores - row_max).exp().sum(dim=-1, keepdim=True)
+    return probs @ v, row_max, row_sum
+
+
+def npu_fusion_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    head_num: int,
+    input_layout: str,
+    *,
+    pse: torch.Tensor | None = None,
+    padding_mask: torch.Tensor | None = None,
+    atten_mask: torch.Tensor | None = None,
+    scale: float = 1.0,
+    keep_prob: float = 1.0,
+    pre_tockens: int = _NO_BAND,
+    next_tockens: int = _NO_BAND,
+    inner_precise: int = 0,
+    prefix: list[int] | None = None,
+    actual_seq_qlen: list[int] | None = None,
+    actual_seq_kvlen: list[int] | None = None,
+    sparse_mode: int = 0,
+    gen_mask_parallel: bool = True,
+    sync: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, int, int]:
+    """``Dropout(Softmax(Mask(scale * q k^T, atten_mask)), keep_prob) @ v`` (torch_npu docs), in float64,
+    output in query's dtype; ``atten_mask`` True = masked (not computed). Returns the 7-tuple whose
+    ``[0]`` is the output (``[1]``/``[2]`` the softmax max and sum, float32, 8 wide; ``[3]`` reserved).
+
+    Layouts implemented: ``BNSD``, ``BSND`` and ``TND`` (varlen: ``actual_seq_qlen`` /
+    ``actual_seq_kvlen`` are the cumulative ends, without the leading 0, at most 1024 documents).
+    Sparse modes implemented: 0 (a full BNSS/B1SS/11SS/SS mask, with the pre/next band; no mask:
+    everything), 2 (top-left causal) and 3 (bottom-right causal; per document in TND), both with
+    the compressed 2048x2048 mask. GQA: ``head_num`` is the query's head count, the key/value
+    head count divides it. Not implemented (refused): pse, padding_mask, prefix, BSH/SBH, modes 1, 4-8.
+    """
+    op = "npu_fusion_attention"
+    _need_float(op, query=query, key=key, value=value)
+    if not query.dtype == key.dtype == value.dtype:
+        _fail(op, f"query/key/value dtypes differ: {query.dtype}, {key.dtype}, {value.dtype}")
+    if pse is not None or prefix is not None:
+        _fail(op, "the stand-in implements no pse / prefix")
+    if padding_mask is not None:
+        _fail(op, "padding_mask is not supported (torch_npu docs: not supported yet)")
+    if not 0.0 < keep_prob <= 1.0:
+        _fail(op, f"keep_prob must be in (0, 1], got {keep_prob}")
+    if sparse_mode not in (0, 2, 3):
+        _fail(op, f"the stand-in implements sparse_mode 0, 2 and 3, got {sparse_mode}")
+    if atten_mask is not None and atten_mask.dtype not in (torch.bool, torch.uint8):
+        _fail(op, f"atten_mask must be bool or uint8 (1 = masked), got {atten_mask.dtype}")
+    varlen = input_layout == "TND"
+    if varlen:
+        dims = 3
+    elif input_layout in ("BNSD", "BSND"):
+        dims = 4
+    else:
+        _fail(op, f"the stand-in implements input_layout BNSD, BSND and TND, got {input_layout!r}")
+    if not query.dim() == key.dim() == value.dim() == dims:
+        _fail(op, f"{input_layout} takes {dims}-D query/key/value, got {tuple(query.shape)}, {tuple(key.shape)}, "
+                  f"{tuple(value.shape)}")
+    if input_layout == "BSND":
+        query, key, value = (t.transpose(1, 2) for t in (query, key, value))
+    heads_at = 1  # TND: [T, N, D]; BNSD (and BSND, viewed as BNSD): [B, N, S, D]
+    nq, nk = query.shape[heads_at], key.shape[heads_at]
+    if head_num != nq:
+        _fail(op, f"head_num {head_num} is not the query's head count {nq}")
+    if nk == 0 or nq % nk or nq > 256:
+        _fail(op, f"query heads ({nq}) must be a multiple of key/value heads ({nk}), at most 256")
+    if key.shape[:-1] != value.shape[:-1]:
+        _fail(op, f"key {tuple(key.shape)} and value {tuple(value.shape)} must have the same shape but D")
+    dq, dk, dv = query.shape[-1], key.shape[-1], value.shape[-1]
+    if dq != dk or dv > dk or not 1 <= dq <= 768:
+        _fail(op, f"head dims must satisfy Dq = Dk >= Dv, 1..768; got {dq}, {dk}, {dv}")
+    q, k, v = query.double(), key.double(), value.double()
+    if not varlen:
+        if actual_seq_qlen is not None or actual_seq_kvlen is not None:
+            _fail(op, "actual_seq_qlen / actual_seq_kvlen belong to the TND (varlen) layout")
+        b, sq, sk = q.shape[0], q.shape[2], k.shape[2]
+        if key.shape[0] != b:
+            _fail(op, f"batch sizes differ: query {b}, key {key.shape[0]}")
+        masked = _attention_mask_rows(op, atten_mask, sparse_mode, b, nq, sq, sk, pre_tockens, next_tockens, False)
+        out, row_max, row_sum = _attention_core(q, k, v, masked, scale, keep_prob)
+        if input_layout == "BSND":
+            out = out.transpose(1, 2)
+        row_max, row_sum = row_max.expand(*row_max.shape[:-1], 8), row_sum.expand(*row_sum.shape[:-1], 8)
+    else:
+        ends_q, ends_k = _varlen_ends(op, actual_seq_qlen, q.shape[0]), _varlen_ends(op, actual_seq_kvlen, k.shape[0])
+        if len(ends_q) != len(ends_k):
+            _fail(op, f"actual_seq_qlen has {len(ends_q)} entries, actual_seq_kvlen {len(ends_k)}")
+        pieces, maxes, sums = [], [], []
+        for (q0, q1), (k0, k1) in zip(zip([0, *ends_q[:-1]], ends_q), zip([0, *ends_k[:-1]], ends_k)):
+            qd, kd, vd = (t[a:z].transpose(0, 1)[None] for t, a, z in ((q, q0, q1), (k, k0, k1), (v, k0, k1)))
+            masked = _attention_mask_rows(op, atten_mask, sparse_mode, 1, nq, q1 - q0, k1 - k0, pre_tockens,
+                                          next_tockens, True)
+            if masked is not None and bool(masked.all(dim=-1).any()):
+                _fail(op, "in the varlen layout atten_mask must not mask a whole row (docs: no padding rows)")
+            o, m, s_ = _attention_core(qd, kd, vd, masked, scale, keep_prob)
+            pieces.append(o[0].transpose(0, 1))
+            maxes.append(m[0].transpose(0, 1))
+            sums.append(s_[0].transpose(0, 1))
+        out = torch.cat(pieces) if pieces else q.new_zeros(0, nq, dv)
+        row_max = torch.cat(maxes).expand(-1, -1, 8) if maxes else q.new_zeros(0, nq, 8)
+        row_sum = torch.cat(sums).expand(-1, -1, 8) if sums else q.new_zeros(0, nq, 8)
+    stats = (row_max.detach().float().contiguous(), row_sum.detach().float().contiguous())
+    return out.to(query.dtype), stats[0], stats[1], query.new_zeros(0), 0, 0, 0
+
+
+def _varlen_ends(op: str, ends: list[int] | None, total: int) -> list[int]:
+    if ends is None or isinstance(ends, torch.Tensor) or not all(isinstance(e, int) for e in ends):
+        _fail(op, "the TND layout needs actual_seq_qlen and actual_seq_kvlen as lists of ints (cumulative ends)")
+    ends = list(ends)
+    if not 1 <= len(ends) <= 1024:
+        _fail(op, f"the varlen layout takes 1 to 1024 sequences, got {len(ends)}")
+    if any(b < a for a, b in zip([0, *ends[:-1]], ends)) or ends[-1] != total:
+        _fail(op, f"cumulative ends {ends[:8]} must never decrease and end at T = {total} (no leading 0)")
+    return ends
