@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import veomni_ops
-from veomni_ops import ConfigError, KernelSpec, OpsConfig, ResolutionError, hookimpl
+from veomni_ops import ConfigError, HardwareRequirement, KernelSpec, OpsConfig, ResolutionError, hookimpl
 from veomni_ops.backends import reference
 from veomni_ops.config import FIELD_TO_OP, LegacyValueWarning
 from veomni_ops.discovery import build_registry
@@ -113,7 +113,7 @@ def test_veomni_defaults():
                    "cross_entropy_loss_implementation": "liger", "moe_implementation": "triton",
                    "load_balancing_loss_implementation": "triton"}
     npu = cfg.for_device("npu").to_dict()
-    assert npu == {**NPU_REWRITE, "attn_implementation": "flash_attention_2"}
+    assert npu == {**NPU_REWRITE, "attn_implementation": "npu"}  # VeOmni's flash attention there: npu_fusion_attention
     # a whole VeOmni config with defaults=veomni: what it writes, and VeOmni's defaults for the rest
     qwen3_moe = load(FIXTURES / "text__qwen3-moe.yaml", defaults="veomni")
     assert qwen3_moe.to_dict() == {**VEOMNI_DEFAULTS, "attn_implementation": "flash_attention_2",
@@ -187,16 +187,40 @@ def test_veomni_0_1_12_mlu_experts_are_refused(value):
                            registry=core_registry(), load=False)
 
 
-def test_flash_attention_on_an_npu_names_veomnis_npu_kernel():
+@pytest.mark.parametrize("value", ["flash_attention_2", "flash_attention_3", "flash_attention_4"])
+def test_flash_attention_on_an_npu_is_veomni_npus_kernel(value):
+    # only the core here: veomni-npu, which provides the kernel, is not installed
     with pytest.raises(ResolutionError) as ei:
-        veomni_ops.resolve({"attn_implementation": "flash_attention_2"}, "npu", needs={"attention": ["standard"]},
+        veomni_ops.resolve({"attn_implementation": value}, "npu", needs={"attention": ["standard"]},
                            registry=core_registry(), load=False)
-    assert "npu_fusion_attention" in ei.value.refusals[0].why
+    (r,) = ei.value.refusals
+    assert r.requested == value and "no kernel 'npu' is registered" in r.why
+    assert "npu_fusion_attention" in r.why and 'veomni-ops[npu]' in r.how
+    assert not DEVICE_VALUES["attention"][value].legacy  # our own name too: no warning when loaded
     # off an NPU flash_attention_2 is veomni-flash's kernel: no VeOmni note there
     with pytest.raises(ResolutionError) as ei:
         veomni_ops.resolve({"attn_implementation": "flash_attention_2"}, "cuda:9.0",
                            needs={"attention": ["standard"]}, registry=core_registry(), load=False)
     assert "npu_fusion_attention" not in str(ei.value)
+
+
+def test_flash_attention_on_an_npu_plans_the_npu_kernel_where_one_is_registered():
+    mod = types.ModuleType("npu_attention_probe_specs")
+    sys.modules[mod.__name__] = mod
+
+    @hookimpl
+    def attention():
+        return [KernelSpec(name="npu", op="attention", variant="standard", hardware=HardwareRequirement(("npu",)),
+                           factory="veomni_ops.kernels.attention:sdpa_attention")]
+
+    mod.attention = attention
+    with pytest.warns(LegacyValueWarning, match="write attn_implementation: flash_attention_2"):
+        plan = veomni_ops.resolve({"attn_implementation": "veomni_flash_attention_2_with_sp"}, "npu",
+                                  needs={"attention": ["standard"]}, registry=core_registry(("npu-probe", mod)),
+                                  load=False)
+    entry = plan.get("attention", "standard")
+    assert (entry.kernel, entry.requested) == ("npu", "flash_attention_2")
+    assert "which is npu on npu" in entry.reason
 
 
 def test_a_plugin_that_provides_a_veomni_name_is_taken():

@@ -1,7 +1,9 @@
 """VeOmni's own config files (core/tests/fixtures/veomni: each names its source file at VeOmni
-commit d977449) planned with every first-party backend installed: for an H100 (cuda:9.0) and,
-the NPU ones, for an Ascend NPU, from this CPU machine (no kernel imported, requirements of the
-target not checked, as ``veomni-ops resolve --device`` plans)."""
+commit d977449) planned with every first-party backend installed: every config but the NPU ones
+for an H100 (cuda:9.0), the NPU ones for an Ascend NPU, from this CPU machine (no kernel
+imported, requirements of the target not checked, as ``veomni-ops resolve --device`` plans).
+plugins/veomni-npu/tests/test_veomni_npu_configs.py plans the NPU ones with their kernels
+imported, against the stand-in torch_npu."""
 
 from __future__ import annotations
 
@@ -83,29 +85,37 @@ def test_deepseek_v4_npu_plans_for_an_npu():
     assert {k for op, k, _ in got if op not in ("moe_experts", "cross_entropy")} == {"eager"}
 
 
-def test_qwen3_5_moe_ascendc_plans_for_an_npu_but_its_flash_attention():
+@pytest.mark.parametrize("name", sorted(NPU_ONLY))
+def test_veomni_npu_configs_plan_for_an_npu(name):
+    cfg = load(FIXTURES / name)
+    plan = plan_for(cfg, "npu")
+    for e in plan.entries:  # what the config names is what the plan has (VeOmni's names, read for an NPU)
+        asked = cfg.for_device("npu").for_op(e.op)
+        if asked != "auto":
+            assert e.kernel == asked, (e.op, cfg.to_dict())
+
+
+def test_qwen3_5_moe_ascendc_plans_for_an_npu_with_its_flash_attention():
     cfg = load(FIXTURES / "multimodal__qwen3_5_moe__qwen3_5_moe_vl_ascendc.yaml")
-    with pytest.raises(ResolutionError) as ei:
-        plan_for(cfg, "npu")
-    (r,) = ei.value.refusals  # VeOmni runs transformers' NPU flash attention; veomni-ops has none
-    assert r.op == "attention" and "npu_fusion_attention" in r.why
-    import dataclasses
-    plan = plan_for(dataclasses.replace(cfg, attn_implementation="sdpa"), "npu")
-    got = {(e.op, e.kernel) for e in plan.entries}
-    assert {("rms_norm", "npu"), ("rotary", "npu"), ("moe_experts", "npu"), ("cross_entropy", "chunked"),
-            ("swiglu", "eager"), ("load_balancing_loss", "eager")} <= got
+    plan = plan_for(cfg, "npu")
+    got = {(e.op, e.kernel, e.distribution) for e in plan.entries}
+    assert {("rms_norm", "npu", "veomni-npu"), ("rotary", "npu", "veomni-npu"), ("moe_experts", "npu", "veomni-npu"),
+            ("cross_entropy", "chunked", "veomni-ops"), ("swiglu", "eager", "veomni-ops"),
+            ("load_balancing_loss", "eager", "veomni-ops")} <= got
+    # veomni_flash_attention_2_with_sp: VeOmni runs transformers' NPU flash attention there, npu_fusion_attention
+    attention = plan.get("attention", "standard")
+    assert (attention.kernel, attention.distribution, attention.requested) == ("npu", "veomni-npu", "flash_attention_2")
+    assert "npu_fusion_attention" in attention.reason
 
 
 def test_a_gpu_default_config_on_an_npu_follows_veomnis_rewrite():
     """VeOmni's GPU defaults, written out (as a VeOmni config that spells them): on an NPU each is
     what VeOmni rewrites it to, not a refusal."""
     cfg = load(FIXTURES / "text__qwen3-moe.yaml", defaults="veomni")
-    import dataclasses
-    cfg = dataclasses.replace(cfg, attn_implementation="sdpa")  # VeOmni's NPU flash attention: none here
     got = {(e.op, e.kernel, e.distribution) for e in plan_for(cfg, "npu").entries}
     assert {("rms_norm", "npu", "veomni-npu"), ("rotary", "npu", "veomni-npu"), ("swiglu", "eager", "veomni-ops"),
             ("cross_entropy", "chunked", "veomni-ops"), ("moe_experts", "npu", "veomni-npu"),
-            ("load_balancing_loss", "eager", "veomni-ops")} <= got
+            ("load_balancing_loss", "eager", "veomni-ops"), ("attention", "npu", "veomni-npu")} <= got
 
 
 def test_resolve_defaults_veomni_on_the_command_line(capsys):

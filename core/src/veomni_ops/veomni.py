@@ -9,7 +9,8 @@ veomni-ops does with it. This module holds the three tables that behaviour needs
   value as written; :func:`device_value` (called by ``resolve`` for the device it plans for)
   says which kernel it is there. On an Ascend NPU VeOmni rewrites every field still at its GPU
   default (``liger_kernel``, ``fused_triton``, ``triton``), and ``moe_implementation: fused`` is
-  Quack's MoE off NPU and the NPU kernel on one.
+  Quack's MoE off NPU and the NPU kernel on one; ``flash_attention_2/3/4`` are veomni-flash's
+  kernels off an NPU and veomni-npu's ``npu_fusion_attention`` kernel on one.
 * :data:`VEOMNI_DEFAULTS`: VeOmni's default for each managed field, for
   ``OpsConfig.from_dict(..., defaults="veomni")`` / ``OpsConfig.veomni_defaults()`` /
   ``veomni-ops resolve --defaults veomni``.
@@ -68,6 +69,19 @@ DEVICE_VALUES: Mapping[str, Mapping[str, DeviceChoice]] = {
                                               f"elsewhere ({SOURCE}:1161-1169)"),
     },
     "load_balancing_loss": {"triton": _gpu_default("eager", "triton", 984, legacy=False)},
+    # On an Ascend NPU VeOmni's flash attention (veomni/ops/kernels/attention/flash.py:21,278) is
+    # transformers' _flash_attention_forward, which there takes the NPU functions for every flash
+    # implementation (transformers/modeling_flash_attention_utils.py, _lazy_imports): veomni-npu's 'npu'.
+    "attention": {
+        f"flash_attention_{v}": DeviceChoice(
+            "npu", f"flash_attention_{v}",
+            "VeOmni's flash attention, which on an Ascend NPU runs transformers' NPU flash attention "
+            "(transformers.integrations.npu_flash_attention: torch_npu.npu_fusion_attention; VeOmni d977449, "
+            "veomni/ops/kernels/attention/flash.py:21,278)",
+            legacy=False,
+        )
+        for v in (2, 3, 4)
+    },
 }
 
 #: VeOmni's defaults for omitted fields (``OpsImplementationConfig``, {SOURCE}:1025-1090).
@@ -121,18 +135,6 @@ NOT_PROVIDED: Mapping[str, Mapping[str, NotProvided]] = {
             "a kernel nobody ships",
             "attn_implementation: sdpa, a flash kernel, or auto",
         ),
-    } | {
-        # On an Ascend NPU VeOmni's flash attention (veomni/ops/kernels/attention/flash.py:21,278) is
-        # transformers' _flash_attention_forward, which there takes the NPU functions for every flash
-        # implementation (transformers/modeling_flash_attention_utils.py, _lazy_imports).
-        f"flash_attention_{v}": NotProvided(
-            "transformers' flash attention for Ascend (transformers.integrations.npu_flash_attention, "
-            "torch_npu.npu_fusion_attention), which VeOmni's flash attention runs on an NPU",
-            "torch_npu on an Ascend NPU",
-            "attn_implementation: sdpa or eager (or auto) for an NPU",
-            device="npu",
-        )
-        for v in (2, 3, 4)
     },
     "moe_experts": {
         # veomni 0.1.12 on the package index (newer than d977449) adds Cambricon MLU kernels.
