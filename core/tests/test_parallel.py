@@ -28,6 +28,7 @@ if not torch.distributed.is_available():  # pragma: no cover
 import parallel_worker as W  # noqa: E402
 from veomni_ops import KernelSpec, build_registry, resolve  # noqa: E402
 from veomni_ops.parallel import ParallelConfigError, ParallelLayout  # noqa: E402
+from veomni_ops.parallel.layout import FIELDS  # noqa: E402
 from veomni_ops.resolve import ResolutionError  # noqa: E402
 from veomni_ops.spec import SpecError  # noqa: E402
 
@@ -76,6 +77,21 @@ def test_layout_refuses_malformed(data, words):
         ParallelLayout.from_dict(data)
     for w in words:
         assert w in str(e.value)
+
+
+def test_every_problem_of_the_section_is_reported_at_once():
+    with pytest.raises(ParallelConfigError) as e:
+        ParallelLayout.from_dict({"dp_shard": 0, "sp": 1.5, "tp": 2, "timeout_s": "soon", "ep": 2})
+    assert e.value.problems == (
+        "parallel: unknown field(s) tp; known: " + "; ".join(f"{k} ({v})" for k, v in FIELDS.items()),
+        "parallel.dp_shard must be a whole number >= 1, got 0",
+        "parallel.sp must be a whole number >= 1, got 1.5",
+        "parallel.timeout_s must be a number of seconds > 0, got 'soon'",
+    )  # ep is not judged against ranks that are not numbers
+    assert str(e.value) == "; ".join(e.value.problems)
+    with pytest.raises(ParallelConfigError) as e:
+        ParallelLayout(dp_shard=3, ep=2, timeout_s=0)  # built directly: the same checks
+    assert e.value.problems == ("parallel.timeout_s must be a number of seconds > 0, got 0",)
 
 
 def test_layout_checks_world_model_and_batch():

@@ -92,6 +92,21 @@ def test_each_mistake_is_named(tmp_path, text, problem, nothing_built):
     assert any(problem in p for p in e.value.problems), e.value.problems
 
 
+def test_every_parallel_problem_comes_with_the_others(tmp_path, nothing_built):
+    text = ("model: {architecture: qwen3, size: tiny}\ntrain: {batch_size: 4, device: cpu, compile: true}\n"
+            "parallel: {dp_shard: 3, sp: 0, tp: 2, timeout_s: -1}\n")
+    with pytest.raises(TrainConfigError) as e:
+        load_job(write(tmp_path, text))
+    problems = e.value.problems
+    assert len(problems) == 5, problems
+    assert problems[0].startswith("parallel: unknown field(s) tp; known: dp_shard")
+    assert problems[1:4] == ("parallel.sp must be a whole number >= 1, got 0",
+                             "parallel.timeout_s must be a number of seconds > 0, got -1",
+                             "train.batch_size 4 is the global batch and parallel.dp_shard 3 must divide it (each "
+                             "data-parallel rank trains batch_size / dp_shard rows)")
+    assert problems[4].startswith("train.compile with a parallel layout is not supported yet")
+
+
 def test_a_device_torch_does_not_see_here_is_refused_when_training_here(tmp_path, monkeypatch, nothing_built):
     import torch
 

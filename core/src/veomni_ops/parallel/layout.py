@@ -53,10 +53,48 @@ class ParallelConfigError(ConfigError):
     """The ``parallel:`` layout is malformed, or does not fit the world, the model or the batch."""
 
 
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ParallelConfigError(f"parallel.{name} must be a whole number >= 1, got {value!r}")
-    return value
+def _field_problem(name: str, value: Any) -> str | None:
+    """What is wrong with ``value`` for the field ``name`` (None: nothing)."""
+    if name == "timeout_s":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            return f"parallel.timeout_s must be a number of seconds > 0, got {value!r}"
+    elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return f"parallel.{name} must be a whole number >= 1, got {value!r}"
+    return None
+
+
+def _ep_problem(dp_shard: int, sp: int, ep: int) -> str | None:
+    if (dp_shard * sp) % ep:
+        return (f"parallel.ep {ep} must divide dp_shard x sp = {dp_shard} x {sp} = {dp_shard * sp}: "
+                "expert groups are blocks of ep ranks taken from the dp_shard x sp ranks")
+    return None
+
+
+def read_fields(data: Any, where: str = "parallel") -> tuple[dict[str, Any], list[str]]:
+    """The well-formed fields of a ``parallel:`` section, and every problem of the section (one
+    message each: unknown fields, each malformed value, an ep that does not divide the ranks)."""
+    if data is None:
+        return {}, []
+    if not isinstance(data, Mapping):
+        return {}, [f"{where} must be a mapping such as {{dp_shard: 2, sp: 2, ep: 2}}, not {type(data).__name__}"]
+    problems: list[str] = []
+    unknown = [k for k in data if k not in FIELDS]
+    if unknown:
+        problems.append(f"{where}: unknown field(s) {', '.join(map(str, unknown))}; known: "
+                        + "; ".join(f"{k} ({v})" for k, v in FIELDS.items()))
+    fields: dict[str, Any] = {}
+    for name in FIELDS:
+        if name in data:
+            problem = _field_problem(name, data[name])
+            if problem:
+                problems.append(problem)
+            else:
+                fields[name] = data[name]
+    if all(name in fields or name not in data for name in ("dp_shard", "sp", "ep")):
+        ep = _ep_problem(fields.get("dp_shard", 1), fields.get("sp", 1), fields.get("ep", 1))
+        if ep:
+            problems.append(ep)
+    return fields, problems
 
 
 @dataclass(frozen=True)
@@ -69,31 +107,22 @@ class ParallelLayout:
     timeout_s: float = DEFAULT_TIMEOUT_S
 
     def __post_init__(self) -> None:
-        for name in ("dp_shard", "sp", "ep"):
-            _positive_int(name, getattr(self, name))
-        t = self.timeout_s
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
-            raise ParallelConfigError(f"parallel.timeout_s must be a number of seconds > 0, got {t!r}")
-        object.__setattr__(self, "timeout_s", float(t))
-        if self.world_size % self.ep:
-            raise ParallelConfigError(
-                f"parallel.ep {self.ep} must divide dp_shard x sp = {self.dp_shard} x {self.sp} = {self.world_size}: "
-                "expert groups are blocks of ep ranks taken from the dp_shard x sp ranks"
-            )
+        problems = [p for name in FIELDS if (p := _field_problem(name, getattr(self, name)))]
+        if not problems:
+            object.__setattr__(self, "timeout_s", float(self.timeout_s))
+            problems = [p for p in (_ep_problem(self.dp_shard, self.sp, self.ep),) if p]
+        if problems:
+            raise ParallelConfigError("; ".join(problems), problems)
 
     # -- construction ----------------------------------------------------------------------
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None, *, where: str = "parallel") -> ParallelLayout:
-        if data is None:
-            return cls()
-        if not isinstance(data, Mapping):
-            raise ParallelConfigError(f"{where} must be a mapping such as {{dp_shard: 2, sp: 2, ep: 2}}, "
-                                      f"not {type(data).__name__}")
-        unknown = [k for k in data if k not in FIELDS]
-        if unknown:
-            raise ParallelConfigError(f"{where}: unknown field(s) {', '.join(map(str, unknown))}; known: "
-                                      + "; ".join(f"{k} ({v})" for k, v in FIELDS.items()))
-        return cls(**dict(data))
+        """The layout of a ``parallel:`` section; :class:`ParallelConfigError` lists every problem of it
+        (its ``problems``, one message each)."""
+        fields, problems = read_fields(data, where)
+        if problems:
+            raise ParallelConfigError("; ".join(problems), problems)
+        return cls(**fields)
 
     @classmethod
     def data_parallel(cls, world_size: int, timeout_s: float = DEFAULT_TIMEOUT_S) -> ParallelLayout:

@@ -274,23 +274,22 @@ def _load_parallel(section: Any, train: dict[str, Any], problems: list[str]):
     """The job's ``parallel:`` layout (:class:`veomni_ops.parallel.ParallelLayout`), or None."""
     if section is None:
         return None
-    from ..parallel.layout import ParallelConfigError, ParallelLayout
+    from ..parallel.layout import ParallelConfigError, ParallelLayout, read_fields
 
-    try:
-        layout = ParallelLayout.from_dict(section)
-    except ParallelConfigError as e:
-        problems.append(str(e))
-        return None
+    fields, found = read_fields(section)
+    problems += found
+    # what the well-formed fields say is checked too, beside the section's own problems
+    ranks = ParallelLayout(**{k: v for k, v in fields.items() if k in ("dp_shard", "sp")})
     b = train["batch_size"]
     if isinstance(b, int) and not isinstance(b, bool) and b >= 1:
         try:
-            layout.check_batch(b)
+            ranks.check_batch(b)
         except ParallelConfigError as e:
             problems.append(str(e))
-    if train["compile"] is True and not layout.is_trivial:
+    if train["compile"] is True and not ranks.is_trivial:
         problems.append("train.compile with a parallel layout is not supported yet (FSDP2/Ulysses/EP run eagerly "
                         "here); set train.compile: false")
-    return layout
+    return None if found else ParallelLayout(**fields)
 
 
 def plan_device(device: str):
