@@ -258,3 +258,22 @@ def test_train_refuses_a_kernel_it_cannot_have_before_building_anything(tmp_path
     err = capsys.readouterr().err
     assert err.startswith(f"veomni-ops train: {bad}: model.ops_implementation: attn_implementation="
                           "'flash_attention_2' (op attention"), err
+
+
+@pytest.mark.parametrize("defaults", ["auto", "veomni"])
+def test_resolve_reports_config_and_resolution_mistakes_together_with_either_defaults(tmp_path, capsys, defaults):
+    """A typo'd field and a kernel that cannot run there: one run, one error, with VeOmni's defaults as with ours."""
+    path = write(tmp_path, "model:\n  ops_implementation:\n    rms_norm_implmentation: eager\n"
+                           "    attn_implementation: flex_attention\n")
+    assert main(["resolve", path, "--device", "cpu", "--defaults", defaults, "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["kind"] == "ConfigError"
+    problems = data["problems"]
+    assert problems[0] == ("unknown ops_implementation field 'rms_norm_implmentation'; did you mean "
+                           "'rms_norm_implementation'?")
+    assert any(p.startswith("attn_implementation='flex_attention'") and "needs a cuda device" in p
+               for p in problems[1:]), problems
+    if defaults == "veomni":  # the fields the file omits are VeOmni's (GPU) defaults, refused on a CPU as well
+        assert any(p.startswith("swiglu_mlp_implementation='liger_kernel'") for p in problems), problems
+    else:
+        assert len(problems) == 2, problems

@@ -107,6 +107,56 @@ def test_every_parallel_problem_comes_with_the_others(tmp_path, nothing_built):
     assert problems[4].startswith("train.compile with a parallel layout is not supported yet")
 
 
+def test_a_named_kernel_that_cannot_run_here_comes_with_the_other_mistakes(tmp_path, nothing_built):
+    text = ("model: {architecture: qwen3, size: tiny, ops_implementation: {attn_implementation: flex_attention}}\n"
+            "train: {device: cpu, stpes: 2}\n")
+    with pytest.raises(TrainConfigError) as e:
+        load_job(write(tmp_path, text))
+    problems = e.value.problems
+    assert problems[0] == "unknown train field train.stpes; did you mean train.steps?"
+    assert len(problems) == 2 and problems[1].startswith(
+        "model.ops_implementation: attn_implementation='flex_attention' (op attention, variant standard): kernel "
+        "'flex_attention'") and "needs a cuda device" in problems[1], problems
+
+
+def test_defaults_veomni_fills_what_the_job_omits_with_veomnis_kernels(tmp_path, capsys, nothing_built):
+    from veomni_ops.veomni import VEOMNI_DEFAULTS
+
+    path = write(tmp_path, GOOD)  # names rms_norm only
+    ours = load_job(path)["ops"].to_dict()
+    assert ours.pop("rms_norm_implementation") == "eager" and set(ours.values()) == {"auto"}
+    job = load_job(path, here=False, defaults="veomni")
+    assert job["ops"].to_dict() == {**VEOMNI_DEFAULTS, "rms_norm_implementation": "eager"}
+    with pytest.raises(TrainConfigError, match="defaults must be one of 'auto', 'veomni', got 'gpu'"):
+        load_job(path, defaults="gpu")
+    # on this CPU VeOmni's (GPU) defaults cannot run: refused before anything is built, each named
+    assert main(["train", path, "--defaults", "veomni", "--json"]) == 1
+    problems = json.loads(capsys.readouterr().out)["problems"]
+    assert any(p.startswith("model.ops_implementation: swiglu_mlp_implementation='liger_kernel'") for p in problems)
+    assert not any("rms_norm_implementation" in p for p in problems)  # the job's own choice stands
+
+
+def test_defaults_veomni_reaches_every_run_of_the_command(tmp_path, monkeypatch):
+    from veomni_ops.train import command
+
+    every = write(tmp_path, GOOD.replace("{rms_norm_implementation: eager}", "{rms_norm_implementation: eager, "
+                                         "rotary_pos_emb_implementation: eager, swiglu_mlp_implementation: eager, "
+                                         "cross_entropy_loss_implementation: eager, moe_implementation: eager, "
+                                         "load_balancing_loss_implementation: eager, attn_implementation: sdpa}"))
+    seen = []
+    monkeypatch.setattr(command, "run_child", lambda path, *a, **k: seen.append((path, k)) or
+                        {"name": path, "losses": [1.0], "tokens_per_s": 1.0, "dtype": "float32", "steps": 1})
+    monkeypatch.setattr(command, "report", lambda runs, *a: {"passed": True, "checks": [{}] * len(runs), "rule": ""})
+    monkeypatch.setattr(command, "print_report", lambda *a: None)
+    assert main(["train", every, "--compare", every, "--defaults", "veomni"]) == 0
+    assert [k["defaults"] for _, k in seen] == ["veomni", "veomni"]
+    cmd = []
+    monkeypatch.setattr(loop.subprocess, "run", lambda c, **k: cmd.append(c) or pytest.fail("stop"))
+    with pytest.raises(pytest.fail.Exception):
+        loop.run_child(every, 0, defaults="veomni")
+    assert cmd[0][-2:] == ["--defaults", "veomni"]
+
+
 def test_a_device_torch_does_not_see_here_is_refused_when_training_here(tmp_path, monkeypatch, nothing_built):
     import torch
 

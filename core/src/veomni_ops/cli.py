@@ -124,16 +124,25 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
 
 
 def _cmd_resolve(args: argparse.Namespace) -> int:
-    from .config import UNMANAGED_FIELDS, OpsConfig
+    from .config import UNMANAGED_FIELDS, config_error, read_config_file
     from .device import current_device
-    from .resolve import resolve
+    from .resolve import ResolutionError, resolve
 
     dev = current_device(args.device)
-    # The file's own problems and the refusals of its other fields come in one error. For another
+    # The file's own problems and the refusals of its other fields come in one error, with VeOmni's
+    # defaults as with ours: the file is read once (its fields with problems left auto), the rest
+    # resolved, and both reported together, as veomni_ops.resolve does for a file. For another
     # device than this machine's, no kernel is imported and the requirements that could not be
     # checked are listed (plan.not_checked, under its table): veomni_ops.resolve's code, as is.
-    source: Any = args.config if args.defaults == "auto" else OpsConfig.from_yaml(args.config, defaults=args.defaults)
-    plan = resolve(source, dev, training=not args.inference, compile=args.compile, lock=_lock_of(args))
+    cfg, problems = read_config_file(args.config, defaults=args.defaults)
+    try:
+        plan = resolve(cfg, dev, training=not args.inference, compile=args.compile, lock=_lock_of(args))
+    except ResolutionError as e:
+        if not problems:
+            raise
+        raise config_error(problems, args.config, e.refusals, dev) from None
+    if problems:
+        raise config_error(problems, args.config, (), dev)
     unmanaged = dict(plan.config.unmanaged)
     if args.json:
         out: dict[str, Any] = plan.to_dict()

@@ -57,13 +57,17 @@ def configure(p: argparse.ArgumentParser) -> None:
                                                        "writes one); an error where it does not match this device, "
                                                        "these versions or the job's mode and dtype. Without it: the "
                                                        "job's lock: key, else VEOMNI_OPS_LOCK")
+    p.add_argument("--defaults", choices=("auto", "veomni"), default="auto",
+                   help="what an ops_implementation field a job omits is: auto (default), or VeOmni's default for "
+                        "it (as veomni-ops resolve --defaults veomni), which then means on the device what it means "
+                        "in VeOmni there; applies to CONFIG and --compare OTHER")
     p.add_argument("--result-file", help=argparse.SUPPRESS)
     p.add_argument("--as-baseline", choices=list(BASELINES), help=argparse.SUPPRESS)
 
 
 def _load(path: str, args: argparse.Namespace, main: bool = True) -> dict[str, Any]:
     """The job at ``path`` with the options applied (``--lock`` to CONFIG's job, the ``main`` one)."""
-    job = load_job(path)
+    job = load_job(path, defaults=getattr(args, "defaults", "auto"))
     if main and getattr(args, "lock", None):
         from ..lock import LockFile
 
@@ -143,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         for i, (path, baseline, title) in enumerate(specs):
             print(f"== {title}", file=human, flush=True)
             lock = {"lock": args.lock} if i == 0 and args.lock else {}  # --lock is CONFIG's
-            runs.append(run_child(path, seed, args.steps, baseline, **lock))
+            runs.append(run_child(path, seed, args.steps, baseline, defaults=args.defaults, **lock))
     rep = report(runs, list(range(1, len(runs))), args.loss_tol)
     if args.plot:
         plot(runs, rep, args.plot)

@@ -56,13 +56,19 @@ class RunFailed(RuntimeError):
     """A training run in a child process failed (its output is above)."""
 
 
-def load_job(path: str, here: bool = True) -> dict[str, Any]:
+def load_job(path: str, here: bool = True, defaults: str = "auto") -> dict[str, Any]:
     """The job of the YAML file ``path``, every field checked before anything is built: every
     mistake of the file (sections, model, ops_implementation, train, parallel) is raised together
     in one :class:`TrainConfigError`. ``here`` (the default; what ``veomni-ops train`` does):
     also that it can run on this machine, its train.device one torch sees and the kernels it
-    names usable here; ``here=False`` reads a job meant for another machine (a GPU job on a laptop)."""
+    names usable here; ``here=False`` reads a job meant for another machine (a GPU job on a laptop).
+    ``defaults``: what an ops field the job omits is, ``auto`` or ``veomni`` (VeOmni's default for
+    it, as ``veomni-ops resolve --defaults veomni``; it is then checked like a kernel the job names)."""
     from ..config import load_yaml
+    from ..veomni import DEFAULTS
+
+    if defaults not in DEFAULTS:
+        raise TrainConfigError(f"defaults must be one of {', '.join(map(repr, DEFAULTS))}, got {defaults!r}")
 
     data, problems = load_yaml(path)
     data = {} if data is None else data
@@ -71,14 +77,14 @@ def load_job(path: str, here: bool = True) -> dict[str, Any]:
                                f"config_file; ops_implementation), not {type(data).__name__}")
     problems += _unknown(data, SECTIONS, "section", "")
     model = _section(data, "model", problems, required=True)
-    job = _load_model(path, model, problems)
+    job = _load_model(path, model, problems, defaults)
     job["train"] = train = _load_train(data.get("train"), problems, here)
     job["parallel"] = _load_parallel(data.get("parallel"), train, problems)
     try:
         job["lock"] = job_lock(path, data.get("lock"))
     except TrainConfigError as e:
         problems.append(str(e).removeprefix(f"{path}: "))
-    if here and not problems:  # the kernels it names, resolved for where it trains (nothing imported)
+    if here:  # the kernels it names, resolved for where it trains (nothing imported), beside the other mistakes
         problems += _named_kernel_refusals(job)
     if problems:
         if len(problems) == 1:
@@ -114,12 +120,13 @@ def _section(data: dict[str, Any], name: str, problems: list[str], required: boo
     return value
 
 
-def _load_model(path: str, model: dict[str, Any], problems: list[str]) -> dict[str, Any]:
+def _load_model(path: str, model: dict[str, Any], problems: list[str], defaults: str = "auto") -> dict[str, Any]:
     """architecture, size, config_file, config overrides and the ops config of ``model:``."""
     from ..config import OpsConfig, read_config
 
     if not model:  # missing or misspelt (said already): its fields are not checked
-        return {"architecture": "", "size": None, "config_file": None, "ops": OpsConfig(), "overrides": {}}
+        return {"architecture": "", "size": None, "config_file": None, "ops": OpsConfig.from_dict({}, defaults=defaults),
+                "overrides": {}}
     problems += _unknown(model, MODEL_FIELDS, "model field", "model.")
     overrides = model.get("config") or {}
     config_file = model.get("config_file")
@@ -147,7 +154,7 @@ def _load_model(path: str, model: dict[str, Any], problems: list[str]) -> dict[s
         size = str(size or "tiny").lower()
         if size not in SIZES:
             problems.append(f"model.size {size!r} is not one of: {', '.join(SIZES)}")
-    ops, ops_problems = read_config(model.get("ops_implementation") or {})
+    ops, ops_problems = read_config(model.get("ops_implementation") or {}, defaults=defaults)
     problems += [f"model.ops_implementation: {p}" for p in ops_problems]
     return {"architecture": arch, "size": size, "config_file": config_file, "ops": ops, "overrides": overrides}
 
@@ -312,8 +319,8 @@ def _named_kernel_refusals(job: dict[str, Any]) -> list[str]:
 
     ops, t = job["ops"], job["train"]
     named = [op for op in OP_TO_FIELD if ops.for_op(op) != AUTO]
-    if not named:
-        return []
+    if not named or t["dtype"] not in DTYPES or not isinstance(t["compile"], bool) or device_problem(t["device"]):
+        return []  # where or how it trains is a mistake of its own (said already): nothing to resolve for
     reg = discover()
     needs = {op: v for op, v in _all_needs(reg, ops).items() if op in named}
     try:

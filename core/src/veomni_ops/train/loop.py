@@ -172,9 +172,9 @@ def _train(job: dict[str, Any], out, baseline: str | None = None, rt=None) -> di
 
 
 def run_child(path: str, seed: int | None, steps: int | None = None, baseline: str | None = None,
-              lock: str | None = None) -> dict[str, Any]:
-    """Train ``path`` (as ``baseline`` if given; with the plan lock ``lock`` passed as ``--lock``) in a
-    fresh process so its peak memory is its own."""
+              lock: str | None = None, defaults: str = "auto") -> dict[str, Any]:
+    """Train ``path`` (as ``baseline`` if given; with the plan lock ``lock`` passed as ``--lock``, and
+    ``--defaults``) in a fresh process so its peak memory is its own."""
     with tempfile.NamedTemporaryFile("r", suffix=".json", delete=False) as fh:
         out_path = fh.name
     cmd = [sys.executable, "-m", "veomni_ops.cli", "train", path, "--result-file", out_path]
@@ -186,6 +186,8 @@ def run_child(path: str, seed: int | None, steps: int | None = None, baseline: s
         cmd += ["--as-baseline", baseline]
     if lock is not None:
         cmd += ["--lock", lock]
+    if defaults != "auto":
+        cmd += ["--defaults", defaults]
     try:
         try:
             sink: int | None = sys.stderr.fileno()
