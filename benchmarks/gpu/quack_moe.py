@@ -200,7 +200,7 @@ def fingerprint():
     for mod in ("quack.epilogue.library", "quack.linear_cross_entropy"):
         p = subprocess.run([sys.executable, "-c", f"import {mod}"], capture_output=True, text=True, timeout=300)
         res[f"before: import {mod}"] = "ok" if p.returncode == 0 else (p.stderr.strip().splitlines() or ["?"])[-1][:300]
-    from veomni_quack.kernels._common import fingerprint_installed_dsl
+    from veomni_quack.kernels.dsl_fingerprint import fingerprint_installed_dsl
 
     res["wrapper_installed"] = fingerprint_installed_dsl()
     for mod in ("quack.epilogue.library", "quack.linear_cross_entropy"):
