@@ -1,7 +1,7 @@
 """``moe_experts`` (quack): the adapter's routing, sentinels, gather indices, combine and backward.
 
 Quack's grouped GEMMs cannot run here: these tests call the adapter against the STAND-IN
-``tests/fakes/quack/gemm_interface.py`` (``gemm``, ``gemm_gated``, ``gemm_dgated`` in plain
+``tests/standins/quack/gemm_interface.py`` (``gemm``, ``gemm_gated``, ``gemm_dgated`` in plain
 torch, with the real signatures, the semantics the adapter relies on -- varlen-M/varlen-K
 groups, the ``A_idx`` row gather, ``concat_layout``, the interleaved SwiGLU pairs, the dgated
 epilogue's scale and per-row reduction -- and the real layout asserts; rows a real kernel
