@@ -46,13 +46,16 @@ def _base(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff (ruff.toml), then mypy (mypy.ini: the core's and every plugin's sources). mypy reads
-    the types of what they import, so the core and every plugin are installed beside it."""
+    """ruff (ruff.toml), then mypy (mypy.ini: the core's and every plugin's sources), then the
+    import-graph check (tools/import_graph.py: no import cycle in core/src) and its own tests.
+    mypy reads the types of what they import, so the core and every plugin are installed beside it."""
     session.install(TORCH)
     session.install(*CONSTRAINTS, "ruff>=0.6", "mypy", "-e", "core", *TEST_DEPS,
                     *(a for name in PLUGINS for a in ("-e", f"plugins/{name}")))
     session.run("ruff", "check", ".")
     session.run("mypy")
+    session.run("python", "tools/import_graph.py", "core/src")
+    session.run("pytest", "tools/test_import_graph.py", "-q")
 
 
 @nox.session

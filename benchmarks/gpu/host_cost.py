@@ -37,7 +37,7 @@ assert SMOKE or torch.cuda.is_available(), "needs a CUDA GPU"
 import triton  # noqa: E402
 import veomni_triton  # noqa: E402
 from veomni_ops.kernels import load_balancing as core_lbl  # noqa: E402
-from veomni_triton.kernels import _common  # noqa: E402
+from veomni_triton.kernels import launch as _launch  # noqa: E402
 from veomni_triton.kernels import load_balancing as LB  # noqa: E402
 from veomni_triton.kernels import rms_norm as RN  # noqa: E402
 from veomni_triton.kernels import rotary as RO  # noqa: E402
@@ -61,7 +61,7 @@ REPS = 1 if SMOKE else None
 results: dict = {
     "env": {"torch": torch.__version__, "triton": triton.__version__, "gpu": "cpu-smoke" if SMOKE else torch.cuda.get_device_name(),
             "python": platform.python_version(), "veomni_triton": getattr(veomni_triton, "__version__", "?"),
-            "fast_launch_default": _common._FAST_LAUNCH, "cpu": platform.processor() or platform.machine()},
+            "fast_launch_default": _launch._FAST_LAUNCH, "cpu": platform.processor() or platform.machine()},
     "rows": [],
 }
 print(json.dumps(results["env"]))
@@ -134,9 +134,9 @@ def measure(workload, impl, fwd, fwd_bwd, n):
 
 def triton_both(workload, fwd, fwd_bwd, n):
     for fast in (True, False):
-        _common._FAST_LAUNCH = fast
+        _launch._FAST_LAUNCH = fast
         measure(workload, f"veomni-triton fast={'on' if fast else 'off'}", fwd, fwd_bwd, n)
-    _common._FAST_LAUNCH = results["env"]["fast_launch_default"]
+    _launch._FAST_LAUNCH = results["env"]["fast_launch_default"]
 
 
 def same(a, b, what):
@@ -156,12 +156,12 @@ def close(a, b, what, atol, rtol):
 
 def check_fast_vs_triton(name, fn):
     """fn() -> tensors; run with the fast path off then on (twice: first launch, then cached)."""
-    _common._FAST_LAUNCH = False
+    _launch._FAST_LAUNCH = False
     ref = [t.clone() for t in fn()]
-    _common._FAST_LAUNCH = True
+    _launch._FAST_LAUNCH = True
     for _ in range(3):
         same([t.clone() for t in fn()], ref, name)
-    _common._FAST_LAUNCH = results["env"]["fast_launch_default"]
+    _launch._FAST_LAUNCH = results["env"]["fast_launch_default"]
     return ref
 
 
@@ -211,15 +211,15 @@ def lbl_fwd_grad_on():  # forward of a call that will need a gradient (autograd 
 
 
 if LB0 is not None:
-    _common._FAST_LAUNCH = False
+    _launch._FAST_LAUNCH = False
     before = [LB0.load_balancing_loss(layers, E, K), *lbl0_fb()]
-    _common._FAST_LAUNCH = results["env"]["fast_launch_default"]
+    _launch._FAST_LAUNCH = results["env"]["fast_launch_default"]
     close(ours, before, "lbl-48 vs before (b51bc90)", 0, 0)
 triton_both("lbl-48", lbl_fwd, lbl_fb, 50)
 if LB0 is not None:
-    _common._FAST_LAUNCH = False
+    _launch._FAST_LAUNCH = False
     measure("lbl-48", "before b51bc90", lbl0_fwd, lbl0_fb, 50)
-    _common._FAST_LAUNCH = results["env"]["fast_launch_default"]
+    _launch._FAST_LAUNCH = results["env"]["fast_launch_default"]
 measure("lbl-48", "core eager torch", lbl_ref_fwd, lbl_ref_fb, 20)
 for name, f in (("fwd, grad on (no bwd)", lbl_fwd_grad_on), ("fwd+bwd", lbl_fb)):
     h = host_ms(f, 50)
@@ -295,9 +295,9 @@ for name, (ours_fn, ref_fn, leaves, cots) in cases.items():
     triton_both(name, o_fwd, o_fb, 200)
     if name == "rms_norm" and RN0 is not None:
         b_fwd, b_fb = mk(lambda a, b: RN0.rms_norm_standard(a, b, 1e-6))
-        _common._FAST_LAUNCH = False
+        _launch._FAST_LAUNCH = False
         measure(name, "before b51bc90", b_fwd, b_fb, 200)
-        _common._FAST_LAUNCH = results["env"]["fast_launch_default"]
+        _launch._FAST_LAUNCH = results["env"]["fast_launch_default"]
     measure(name, "eager torch", r_fwd, r_fb, 200)
 
 # ---------------------------------------------------------------- where lbl-48's host time goes

@@ -20,7 +20,7 @@ Sections (each in try/except: a failure prints its traceback and the next sectio
   compile      torch.compile(fullgraph=True) (inductor) of the kernel: supports_compile=True is declared
   tuned        Quack's autotuner (TUNED=True): the moe-30b fwd+bwd time (skipped if < 60 s left of 230)
 Smoke test on a CPU against the stand-in (what was run before handing it over):
-  MOE_GPU_BIG=64,4,8,64,32 TRITON_INTERPRET=1 MOE_GPU_DEVICE=cpu PYTHONPATH=plugins/veomni-quack/tests/fakes \
+  MOE_GPU_BIG=64,4,8,64,32 TRITON_INTERPRET=1 MOE_GPU_DEVICE=cpu PYTHONPATH=plugins/veomni-quack/tests/standins \
     OUT=/tmp/x .venv/bin/python benchmarks/gpu/quack_moe.py
 """
 
@@ -163,7 +163,7 @@ def compare(fn, inputs, gout, ref=None, label="quack"):
 def quack_moe():
     from veomni_quack.kernels import moe
 
-    if DEV == "cpu":  # smoke test against the stand-in (tests/fakes on PYTHONPATH)
+    if DEV == "cpu":  # smoke test against the stand-in (tests/standins on PYTHONPATH)
         import veomni_quack.kernels._common as common
 
         common.CHECKS.device_types = ("cuda", "cpu")
@@ -200,7 +200,7 @@ def fingerprint():
     for mod in ("quack.epilogue.library", "quack.linear_cross_entropy"):
         p = subprocess.run([sys.executable, "-c", f"import {mod}"], capture_output=True, text=True, timeout=300)
         res[f"before: import {mod}"] = "ok" if p.returncode == 0 else (p.stderr.strip().splitlines() or ["?"])[-1][:300]
-    from veomni_quack.kernels._common import fingerprint_installed_dsl
+    from veomni_quack.kernels.dsl_fingerprint import fingerprint_installed_dsl
 
     res["wrapper_installed"] = fingerprint_installed_dsl()
     for mod in ("quack.epilogue.library", "quack.linear_cross_entropy"):

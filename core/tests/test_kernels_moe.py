@@ -252,11 +252,12 @@ def test_index_check_policy(monkeypatch):
         M.check_expert_index(idx, 4, always=True)
     # an accelerator tensor (pretend): without the switch the rule is asserted on the device,
     # with VEOMNI_OPS_CHECK_VALUES=1 (value_checks) the values are read and the error is exact
-    monkeypatch.setattr(M, "can_read_values", lambda x: checks.value_checks_on())
+    # (the rule is defined in checks, beside the other ops' input checks; moe re-exports it)
+    monkeypatch.setattr(checks, "can_read_values", lambda x: checks.value_checks_on())
     asserted = []
-    monkeypatch.setattr(M, "device_assert", lambda ok, msg: asserted.append((bool(ok), msg)))
+    monkeypatch.setattr(checks, "device_assert", lambda ok, msg: asserted.append((bool(ok), msg)))
     M.check_expert_index(idx, 4)
-    assert asserted == [(False, M._index_message("moe_experts", None, 4))]
+    assert asserted == [(False, checks._index_message("moe_experts", None, 4))]
     with checks.value_checks():
         with pytest.raises(ValueError, match="holds 7"):
             M.check_expert_index(idx, 4, backend="x")

@@ -12,14 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 from .config import ConfigError, OpsConfig
 from .device import DeviceInfo, current_device, parse_device
-from .discovery import PluginLoadError, build_registry, discover
+from .discovery import PluginLoadError, build_registry, core_version, discover
 from .hookspecs import PLUGIN_API_VERSION, hookimpl, hookspec
 from .plan import KernelPlan, PlanEntry
 from .registry import ContestedNameError, DuplicateKernelError, LoadFailure, Registry
 from .resolve import ResolutionError, resolve
 from .spec import OPS, HardwareRequirement, KernelSpec, SpecError, Tolerance
-
-__version__ = "0.1.0"
 
 __all__ = [
     "OPS",
@@ -59,4 +57,7 @@ def __getattr__(name: str) -> Any:
         from .binding import apply
 
         return apply
+    # The installed distribution's version (core/pyproject.toml), read when asked for.
+    if name == "__version__":
+        return core_version()
     raise AttributeError(f"module 'veomni_ops' has no attribute {name!r}")

@@ -67,6 +67,16 @@ class PluginHookError(ValueError):
     """A plugin implements a hook that does not exist, or with the wrong signature."""
 
 
+def core_version() -> str:
+    """This veomni-ops' version, from its distribution's metadata (``core/pyproject.toml`` is the
+    one place it is written); ``"0+unknown"`` where the sources run without being installed.
+    ``veomni_ops.__version__`` reads it, so no module of the core imports the package face."""
+    try:
+        return metadata.version(CORE_DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
 def _truthy(v: str | None) -> bool:
     return (v or "").strip().lower() in ("1", "true", "yes", "on")
 
@@ -238,10 +248,8 @@ def _api_check(prov: Provenance, module: Any) -> tuple[LoadFailure | None, list[
     if problem is None:
         return None, []
     side, _ = problem
-    from . import __version__ as core_version
-
     built = (f"{prov.distribution} {prov.version} was built for veomni-ops plugin API {declared.strip()} "
-             f"({PLUGIN_API_ATTR} in {where}), but this veomni-ops {core_version} provides plugin API "
+             f"({PLUGIN_API_ATTR} in {where}), but this veomni-ops {core_version()} provides plugin API "
              f"{PLUGIN_API_VERSION}")
     if side == "core":
         fix = (f"upgrade veomni-ops to a release whose plugin API is in {declared.strip()} "

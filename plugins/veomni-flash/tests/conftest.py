@@ -2,29 +2,21 @@
 
 The stand-in packages live in tests/standins/full (all three generations) and are put first
 on sys.path before any veomni_flash.kernels module is imported, so the adapters bind to them.
-Tests that need a different environment (no package, FA4 only) run in a subprocess.
+Tests that need a different environment (no package, FA4 only) run in a subprocess. The
+set-up every backend's tests share is :mod:`veomni_ops.testing.backend_tests`.
 """
 
 from __future__ import annotations
 
-import os
-import sys
+from pathlib import Path
 
 import pytest
+from veomni_ops.testing.backend_tests import seeded, use_standins  # noqa: F401  (seeded: an autouse fixture)
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-STANDINS = os.path.join(HERE, "standins")
-FULL = os.path.join(STANDINS, "full")
-FA4_ONLY = os.path.join(STANDINS, "fa4_only")
+STANDINS = Path(__file__).resolve().parent / "standins"
 
-for p in (FULL, STANDINS):
-    if p not in sys.path:
-        sys.path.insert(0, p)
-
-for mod in ("flash_attn", "flash_attn.cute", "flash_attn_interface"):
-    loaded = sys.modules.get(mod)
-    if loaded is not None and not (getattr(loaded, "__file__", "") or "").startswith(STANDINS):
-        raise RuntimeError(f"a real {mod} is already imported ({loaded}); the CPU tests need the stand-ins")
+use_standins(STANDINS, "flash_attn", "flash_attn.cute", "flash_attn_interface", also=(STANDINS / "full",),
+             fix="On a GPU, check the kernels with gpu/check_flash.py or `veomni-ops check --backend veomni-flash`")
 
 
 @pytest.fixture

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import importlib
-import os
-from types import ModuleType
-
 import pytest
 import torch
 import veomni_liger.specs as specs
+from veomni_ops.spec import KernelSpec
+from veomni_ops.testing import backend_tests as kit
+from veomni_ops.testing.execution import interpreter_active
 
-
-def interpreter_active() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
+#: The core's eager reference module ``veomni_ops.kernels.<name>`` (skips the test if missing).
+core_kernels = kit.core_reference
 
 
 #: Triton's CPU interpreter (3.9) does bfloat16 *arithmetic* on the raw 16-bit patterns
@@ -30,45 +28,17 @@ def dtype_params(bf16_arith: bool) -> list:
     return [torch.float32, torch.float16, bf16]
 
 
-def spec_for(op: str, variant: str):
-    return next(s for s in getattr(specs, op)() if s.variant == variant)
+def spec_for(op: str, variant: str) -> KernelSpec:
+    return kit.spec_for(specs, op, variant)
 
 
 def assert_close(
     actual: torch.Tensor, expected: torch.Tensor, op: str, variant: str, what: str, dtype: torch.dtype | None = None
 ) -> None:
-    """``|actual - expected| <= atol * scale + rtol * |expected|`` elementwise, with the spec's tolerance.
-
-    The tolerance is the spec's for ``dtype`` (default ``actual.dtype``; pass the input dtype
-    for a float32 loss computed from bf16 logits).
-
-    ``scale = max(1, max|expected|)``: for tensors of order one this is exactly the spec's
-    absolute tolerance; for sums over many terms (a loss summed over tokens, a weight
-    gradient summed over rows) atol grows with the magnitude, as the rounding error does.
-    """
-    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    """:func:`veomni_ops.testing.backend_tests.assert_close` with the spec's tolerance for ``dtype``
+    (default ``actual.dtype``; pass the input dtype for a float32 loss computed from bf16 logits)."""
     tol = spec_for(op, variant).tolerance(str(dtype or actual.dtype).removeprefix("torch."))
-    a = actual.detach().double().cpu()
-    e = expected.detach().double().cpu()
-    assert torch.isfinite(a).all(), f"{what} ({actual.dtype}): non-finite values"
-    scale = max(1.0, e.abs().max().item()) if e.numel() else 1.0
-    err = (a - e).abs()
-    bad = err > tol.atol * scale + tol.rtol * e.abs()
-    if bad.any():
-        i = int(bad.flatten().nonzero()[0])
-        raise AssertionError(
-            f"{what} ({dtype or actual.dtype}): {int(bad.sum())}/{bad.numel()} elements out of tolerance "
-            f"(atol={tol.atol}*{scale:.3g}, rtol={tol.rtol}); first at flat index {i}: "
-            f"got {a.flatten()[i].item():.6g}, expected {e.flatten()[i].item():.6g}; max err {err.max().item():.3g}"
-        )
-
-
-def core_kernels(module: str) -> ModuleType:
-    """The core's eager reference ``veomni_ops.kernels.<module>``, or skip saying why."""
-    try:
-        return importlib.import_module(f"veomni_ops.kernels.{module}")
-    except ModuleNotFoundError as e:
-        pytest.skip(f"core reference veomni_ops.kernels.{module} is not importable ({e})")
+    kit.assert_close(actual, expected, tol, what, dtype=dtype)
 
 
 def rope_cos_sin(batch: int, seq: int, rotary_dim: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -4,7 +4,8 @@ Liger's Triton kernels run on a CUDA GPU, or on the CPU in Triton's interpreter.
 decides the mode when a kernel is *defined* (when ``liger_kernel.ops.*`` is imported), so
 the interpreter is switched on here, before any test module imports Liger, on machines
 without CUDA. Under the interpreter Liger's MoE autotuner is pinned to one config
-(``LIGER_FUSED_MOE_AUTOTUNE=0``, read at import): benchmarking configs needs a GPU.
+(``LIGER_FUSED_MOE_AUTOTUNE=0``, read at import): benchmarking configs needs a GPU. The
+set-up every backend's tests share is :mod:`veomni_ops.testing.backend_tests`.
 """
 
 from __future__ import annotations
@@ -15,9 +16,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from veomni_ops.testing.backend_tests import (  # noqa: F401  (seeded: an autouse fixture)
+    kernel_device,
+    seeded,
+    triton_interpreter_unless_cuda,
+)
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+triton_interpreter_unless_cuda()
 if os.environ.get("TRITON_INTERPRET") == "1":
     os.environ.setdefault("LIGER_FUSED_MOE_AUTOTUNE", "0")
 
@@ -25,19 +30,6 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 sys.path.insert(0, str(Path(__file__).parent))
 
 
-def interpreter_active() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
 @pytest.fixture(scope="session")
 def device() -> torch.device:
-    if interpreter_active():
-        return torch.device("cpu")
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    pytest.skip("no CUDA device and TRITON_INTERPRET is off: nothing can run Liger's Triton kernels")
-
-
-@pytest.fixture(autouse=True)
-def _seed() -> None:
-    torch.manual_seed(0)
+    return kernel_device()

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import importlib
-import inspect
 from pathlib import Path
 
 import torch
 import veomni_npu.specs as specs
 from veomni_ops.spec import KernelSpec
+from veomni_ops.testing import backend_tests as kit
 
-FAKES = Path(__file__).resolve().parent / "fakes"
+STANDINS = Path(__file__).resolve().parent / "standins"
 
 #: (op, variant) -> factory, everything the backend registers.
 EXPECTED = {
@@ -25,23 +25,16 @@ EXPECTED = {
 
 
 def all_specs() -> list[KernelSpec]:
-    from veomni_ops import OPS
-
-    return [s for op in OPS if hasattr(specs, op) for s in getattr(specs, op)()]
+    return kit.all_specs(specs)
 
 
 def spec_for(op: str, variant: str) -> KernelSpec:
-    return next(s for s in getattr(specs, op)() if s.variant == variant)
+    return kit.spec_for(specs, op, variant)
 
 
 def kernel(op: str, variant: str):
     mod, _, attr = EXPECTED[(op, variant)].partition(":")
     return getattr(importlib.import_module(mod), attr)
-
-
-def signature(fn) -> list[tuple[str, object, object]]:
-    return [(p.name, p.kind, None if p.default is inspect.Parameter.empty else p.default)
-            for p in inspect.signature(fn).parameters.values()]
 
 
 def conformance(op: str, variant: str) -> list:
@@ -61,10 +54,5 @@ def assert_all_pass(results: list) -> None:
 
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, op: str, variant: str, what: str) -> None:
     """``|a - b| <= atol * max(1, max|b|) + rtol * |b|`` with the spec's tolerance for ``actual``'s dtype."""
-    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
     tol = spec_for(op, variant).tolerance(str(actual.dtype).removeprefix("torch."))
-    a, e = actual.detach().double(), expected.detach().double()
-    scale = max(1.0, e.abs().max().item()) if e.numel() else 1.0
-    err = (a - e).abs()
-    bad = err > tol.atol * scale + tol.rtol * e.abs()
-    assert not bad.any(), f"{what} ({actual.dtype}): {int(bad.sum())}/{bad.numel()} out of tolerance, max err {err.max():.3g}"
+    kit.assert_close(actual, expected, tol, what)

@@ -1,4 +1,4 @@
-"""npu/check_npu.py, the script for a real Ascend machine, exercised on the CPU with the
+"""gpu/check_npu.py, the script for a real Ascend machine, exercised on the CPU with the
 stand-in (``--smoke``): it resolves every npu kernel, runs the conformance cases with the
 float64 reference on the CPU, and reports. This checks the script, not the kernels."""
 
@@ -8,7 +8,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "npu" / "check_npu.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "gpu" / "check_npu.py"
 
 
 def _load():

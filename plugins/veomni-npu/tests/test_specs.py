@@ -15,12 +15,13 @@ import pytest
 import veomni_npu.specs as specs
 import veomni_ops
 import veomni_ops.backends.reference
-from _helpers import EXPECTED, FAKES, all_specs, signature
+from _helpers import EXPECTED, STANDINS, all_specs
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 from veomni_ops import KernelSpec, OpsConfig, build_registry, resolve
 from veomni_ops.resolve import ResolutionError
+from veomni_ops.testing.backend_tests import signature
 
 PLUGIN_ROOT = Path(__file__).resolve().parents[1]
 
@@ -134,12 +135,12 @@ def test_discovery_imports_no_torch_npu():
         "print(json.dumps({'n': n, 'failures': len(reg.failures), 'bad': bad, 'origin': origin}))\n"
     )
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(FAKES), *[p for p in sys.path if p]])
+    env["PYTHONPATH"] = os.pathsep.join([str(STANDINS), *[p for p in sys.path if p]])
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result == {"n": len(EXPECTED), "failures": 0, "bad": [],
-                      "origin": str(FAKES / "torch_npu" / "__init__.py")}, out.stderr
+                      "origin": str(STANDINS / "torch_npu" / "__init__.py")}, out.stderr
 
 
 # --------------------------------------------------------------------------- resolution
@@ -189,7 +190,7 @@ def test_explicit_npu_on_cpu_is_refused():
 
 def test_explicit_npu_without_torch_npu_installed_is_refused_with_the_install_hint(monkeypatch):
     # Hide the stand-in distribution metadata: torch-npu is then not installed.
-    monkeypatch.setattr(sys, "path", [p for p in sys.path if Path(p or ".").resolve() != FAKES])
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if Path(p or ".").resolve() != STANDINS])
     reg = npu_registry()
     with pytest.raises(ResolutionError) as ei:
         # check_requires=True: as on an NPU machine (planned from this one, requirements are not checked)

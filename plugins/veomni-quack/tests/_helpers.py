@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import importlib
-import inspect
-from types import ModuleType
-
-import pytest
 import torch
 import veomni_quack.specs as specs
-from veomni_ops import OPS
+from veomni_ops.spec import KernelSpec
+from veomni_ops.testing import backend_tests as kit
 
 #: What the backend registers: (op, variant) -> factory.
 EXPECTED = {
@@ -21,37 +17,19 @@ EXPECTED = {
 }
 
 
-def all_specs():
-    return [s for op in OPS if hasattr(specs, op) for s in getattr(specs, op)()]
+#: The core's eager reference module ``veomni_ops.kernels.<name>`` (skips the test if missing).
+core_kernels = kit.core_reference
 
 
-def spec_for(op: str, variant: str):
-    return next(s for s in getattr(specs, op)() if s.variant == variant)
+def all_specs() -> list[KernelSpec]:
+    return kit.all_specs(specs)
 
 
-def signature(fn) -> list:
-    return [(p.name, p.kind, None if p.default is inspect.Parameter.empty else p.default)
-            for p in inspect.signature(fn).parameters.values()]
+def spec_for(op: str, variant: str) -> KernelSpec:
+    return kit.spec_for(specs, op, variant)
 
 
 def assert_close(actual, expected, op: str, variant: str, what: str, dtype: torch.dtype | None = None) -> None:
     """``|actual - expected| <= atol * max(1, max|expected|) + rtol * |expected|`` with the spec's tolerance."""
-    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
     tol = spec_for(op, variant).tolerance(str(dtype or actual.dtype).removeprefix("torch."))
-    a = actual.detach().double()
-    e = expected.detach().double()
-    assert torch.isfinite(a).all(), f"{what}: non-finite values"
-    scale = max(1.0, e.abs().max().item()) if e.numel() else 1.0
-    err = (a - e).abs()
-    bad = err > tol.atol * scale + tol.rtol * e.abs()
-    assert not bad.any(), (
-        f"{what} ({dtype or actual.dtype}): {int(bad.sum())}/{bad.numel()} out of tolerance "
-        f"(atol={tol.atol}*{scale:.3g}, rtol={tol.rtol}); max err {err.max().item():.3g}"
-    )
-
-
-def core_kernels(module: str) -> ModuleType:
-    try:
-        return importlib.import_module(f"veomni_ops.kernels.{module}")
-    except ModuleNotFoundError as e:
-        pytest.skip(f"core reference veomni_ops.kernels.{module} is not importable ({e})")
+    kit.assert_close(actual, expected, tol, what, dtype=dtype)

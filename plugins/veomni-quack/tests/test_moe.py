@@ -1,7 +1,7 @@
 """``moe_experts`` (quack): the adapter's routing, sentinels, gather indices, combine and backward.
 
 Quack's grouped GEMMs cannot run here: these tests call the adapter against the STAND-IN
-``tests/fakes/quack/gemm_interface.py`` (``gemm``, ``gemm_gated``, ``gemm_dgated`` in plain
+``tests/standins/quack/gemm_interface.py`` (``gemm``, ``gemm_gated``, ``gemm_dgated`` in plain
 torch, with the real signatures, the semantics the adapter relies on -- varlen-M/varlen-K
 groups, the ``A_idx`` row gather, ``concat_layout``, the interleaved SwiGLU pairs, the dgated
 epilogue's scale and per-row reduction -- and the real layout asserts; rows a real kernel
@@ -343,7 +343,7 @@ def test_compiles_with_fullgraph():
 def test_fingerprint_installed_dsl_treats_the_dsl_as_installed(monkeypatch):
     import types
 
-    from veomni_quack.kernels._common import fingerprint_installed_dsl
+    from veomni_quack.kernels.dsl_fingerprint import fingerprint_installed_dsl
 
     identity = types.ModuleType("quack.gemm_runtime.identity")
     identity._is_extern_function = lambda fn: False  # a DSL outside site-packages, as Quack 0.6.5 sees it
@@ -364,6 +364,6 @@ def test_fingerprint_installed_dsl_treats_the_dsl_as_installed(monkeypatch):
 
 
 def test_fingerprint_installed_dsl_without_quack_internals():
-    from veomni_quack.kernels._common import fingerprint_installed_dsl
+    from veomni_quack.kernels.dsl_fingerprint import fingerprint_installed_dsl
 
     assert fingerprint_installed_dsl() is False  # the stand-in has no quack.gemm_runtime

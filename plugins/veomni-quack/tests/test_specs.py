@@ -15,12 +15,13 @@ import pytest
 import veomni_ops
 import veomni_ops.backends.reference
 import veomni_quack.specs as specs
-from _helpers import EXPECTED, all_specs, signature
-from conftest import FAKES
+from _helpers import EXPECTED, all_specs
+from conftest import STANDINS
 from packaging.requirements import Requirement
 from packaging.version import Version
 from veomni_ops import KernelSpec, OpsConfig, build_registry, resolve
 from veomni_ops.resolve import ResolutionError
+from veomni_ops.testing.backend_tests import signature
 
 PLUGIN_ROOT = Path(__file__).resolve().parents[1]
 
@@ -121,12 +122,12 @@ def test_discovery_imports_no_quack_or_cutlass():
         "print(json.dumps({'n': n, 'failures': len(reg.failures), 'bad': bad, 'origin': origin}))\n"
     )
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(FAKES), *[p for p in sys.path if p]])
+    env["PYTHONPATH"] = os.pathsep.join([str(STANDINS), *[p for p in sys.path if p]])
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result == {"n": len(EXPECTED), "failures": 0, "bad": [],
-                      "origin": str(FAKES / "quack" / "__init__.py")}, out.stderr
+                      "origin": str(STANDINS / "quack" / "__init__.py")}, out.stderr
 
 
 # --------------------------------------------------------------------------- resolution
@@ -170,7 +171,7 @@ def test_loading_on_hopper_imports_the_adapters():
 
 
 def test_missing_quack_distribution_is_refused_with_the_install_hint(monkeypatch):
-    monkeypatch.setattr(sys, "path", [p for p in sys.path if Path(p or ".").resolve() != FAKES])
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if Path(p or ".").resolve() != STANDINS])
     # Absent whether or not the real quack-kernels is installed in this environment (the
     # plugin's own nox session installs it as a dependency).
     import importlib.metadata as md

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import importlib
-
-import pytest
 import torch
 import veomni_triton.specs as specs
+from veomni_ops.spec import Tolerance
+from veomni_ops.testing import backend_tests as kit
 
 DTYPES = [torch.float32, torch.bfloat16]
 
 
-def tolerance(op: str, dtype: torch.dtype):
+def tolerance(op: str, dtype: torch.dtype) -> Tolerance:
     """The tolerance our KernelSpec declares for ``op`` at ``dtype``: the tests hold us to it."""
-    hook = getattr(specs, op)
-    spec = next(s for s in hook() if s.name == "triton")
-    return spec.tolerance(str(dtype).removeprefix("torch."))
+    return kit.spec_for(specs, op, name="triton").tolerance(str(dtype).removeprefix("torch."))
 
 
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, op: str, what: str, scale: float = 1.0) -> None:
@@ -23,28 +20,11 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, op: str, what: st
 
     ``scale`` widens atol for reductions whose terms are much larger than their sum (dw).
     """
-    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
-    tol = tolerance(op, actual.dtype)
-    a = actual.detach().double().cpu()
-    e = expected.detach().double().cpu()
-    err = (a - e).abs()
-    bound = tol.atol * scale + tol.rtol * e.abs()
-    bad = err > bound
-    if bad.any():
-        i = int(bad.flatten().nonzero()[0])
-        raise AssertionError(
-            f"{what} ({actual.dtype}): {int(bad.sum())}/{bad.numel()} elements out of tolerance "
-            f"(atol={tol.atol}*{scale}, rtol={tol.rtol}); first at flat index {i}: "
-            f"got {a.flatten()[i].item():.6g}, expected {e.flatten()[i].item():.6g}; max err {err.max().item():.3g}"
-        )
+    kit.assert_close(actual, expected, tolerance(op, actual.dtype), what, scale=scale)
 
 
-def core_kernels(module: str):
-    """The core's eager reference module ``veomni_ops.kernels.<module>``, or skip with the reason."""
-    try:
-        return importlib.import_module(f"veomni_ops.kernels.{module}")
-    except ModuleNotFoundError as e:
-        pytest.skip(f"core reference veomni_ops.kernels.{module} is not importable yet ({e})")
+#: The core's eager reference module ``veomni_ops.kernels.<name>`` (skips the test if missing).
+core_kernels = kit.core_reference
 
 
 def graph_capturing_backend(graphs: list):

@@ -4,31 +4,26 @@ The kernels run on a CUDA GPU, or on the CPU in Triton's interpreter. Triton dec
 mode when a kernel is *defined*, so the interpreter must be switched on before
 ``veomni_triton.kernels`` is imported: on a machine without CUDA we set
 ``TRITON_INTERPRET=1`` here (conftest runs before any test module is imported) unless the
-caller chose a mode already.
+caller chose a mode already. The set-up every backend's tests share is
+:mod:`veomni_ops.testing.backend_tests`.
 """
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
+from veomni_ops.testing.backend_tests import (  # noqa: F401  (seeded: an autouse fixture)
+    kernel_device,
+    seeded,
+    triton_interpreter_unless_cuda,
+)
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+triton_interpreter_unless_cuda()
 
 
 @pytest.fixture(scope="session")
 def device() -> torch.device:
+    # The mode the kernels were defined in (Triton's own knob), not the variable now.
     from veomni_triton.kernels._common import interpreter_active
 
-    if interpreter_active():
-        return torch.device("cpu")
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    pytest.skip("no CUDA device and TRITON_INTERPRET is off: nothing can run these Triton kernels")
-
-
-@pytest.fixture(autouse=True)
-def _seed() -> None:
-    torch.manual_seed(0)
+    return kernel_device(interpreter_active())

@@ -1,4 +1,4 @@
-"""The fast launch path of ``_common.launch``: a launch whose arguments specialise as an earlier
+"""The fast launch path of ``kernels.launch.launch``: a launch whose arguments specialise as an earlier
 one did goes straight to the compiled kernel's launcher; anything that could specialise
 differently goes through Triton's own ``JITFunction.run`` (here a stand-in that records calls)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import triton
-from veomni_triton.kernels import _common
+from veomni_triton.kernels import launch as launch_mod
 
 
 class _Compiled:
@@ -40,8 +40,8 @@ class _Kernel:
 
 @pytest.fixture
 def kernel(monkeypatch) -> _Kernel:
-    monkeypatch.setattr(_common, "_current_stream", lambda index: 77)
-    monkeypatch.setattr(_common, "_LAUNCH_CACHE", {})
+    monkeypatch.setattr(launch_mod, "_current_stream", lambda index: 77)
+    monkeypatch.setattr(launch_mod, "_LAUNCH_CACHE", {})
     return _Kernel()
 
 
@@ -51,8 +51,8 @@ def paths(k: _Kernel) -> list[str]:
 
 def test_second_launch_of_a_specialisation_skips_triton(kernel):
     x = torch.zeros(64)
-    _common._fast_launch(0, kernel, (3,), (x, 64, 1e-6), {"N": 8, "num_warps": 4})
-    _common._fast_launch(0, kernel, (5, 2), (x, 128, 1e-5), {"N": 8, "num_warps": 4})
+    launch_mod._fast_launch(0, kernel, (3,), (x, 64, 1e-6), {"N": 8, "num_warps": 4})
+    launch_mod._fast_launch(0, kernel, (5, 2), (x, 128, 1e-5), {"N": 8, "num_warps": 4})
     assert paths(kernel) == ["triton", "fast"]
     # the arguments JITFunction.run gives the launcher: grid, stream, handle, metadata, no hooks,
     # then every kernel argument in signature order, constexprs included; a tensor as its address
@@ -67,7 +67,7 @@ def test_second_launch_of_a_specialisation_skips_triton(kernel):
 def test_anything_triton_specialises_on_gets_its_own_entry(kernel, change):
     x = torch.zeros(64)
     args, meta, index = [x, 64, 1e-6], {"N": 8, "num_warps": 4}, 0
-    _common._fast_launch(index, kernel, (1,), tuple(args), dict(meta))
+    launch_mod._fast_launch(index, kernel, (1,), tuple(args), dict(meta))
     if change == "dtype":
         args[0] = torch.zeros(64, dtype=torch.bfloat16)
     elif change == "misaligned":
@@ -84,8 +84,8 @@ def test_anything_triton_specialises_on_gets_its_own_entry(kernel, change):
         meta["num_warps"] = 8
     else:
         index = 1
-    _common._fast_launch(index, kernel, (1,), tuple(args), dict(meta))
-    _common._fast_launch(index, kernel, (1,), tuple(args), dict(meta))
+    launch_mod._fast_launch(index, kernel, (1,), tuple(args), dict(meta))
+    launch_mod._fast_launch(index, kernel, (1,), tuple(args), dict(meta))
     assert paths(kernel) == ["triton", "triton", "fast"]
 
 
@@ -95,15 +95,15 @@ def test_tensor_subclasses_and_unhashable_constexprs_always_take_triton(kernel):
 
     sub = torch.zeros(64).as_subclass(Sub)
     for _ in range(2):
-        _common._fast_launch(0, kernel, (1,), (sub, 64, 1e-6), {"N": 8})
-        _common._fast_launch(0, kernel, (1,), (torch.zeros(64), 64, 1e-6), {"N": [8]})
+        launch_mod._fast_launch(0, kernel, (1,), (sub, 64, 1e-6), {"N": 8})
+        launch_mod._fast_launch(0, kernel, (1,), (torch.zeros(64), 64, 1e-6), {"N": [8]})
     assert paths(kernel) == ["triton"] * 4
-    assert not _common._LAUNCH_CACHE
+    assert not launch_mod._LAUNCH_CACHE
 
 
 def test_launch_hooks_and_unexpected_signatures_take_triton(kernel, monkeypatch):
     x = torch.zeros(64)
-    launch = lambda: _common._fast_launch(0, kernel, (1,), (x, 64, 1e-6), {"N": 8})  # noqa: E731
+    launch = lambda: launch_mod._fast_launch(0, kernel, (1,), (x, 64, 1e-6), {"N": 8})  # noqa: E731
     launch()
     runtime = triton.knobs.runtime
     hooked = runtime.launch_enter_hook
@@ -118,22 +118,22 @@ def test_launch_hooks_and_unexpected_signatures_take_triton(kernel, monkeypatch)
         monkeypatch.setattr(runtime, "launch_enter_hook", lambda *a: None)
         launch()
         monkeypatch.undo()
-        monkeypatch.setattr(_common, "_current_stream", lambda index: 77)
+        monkeypatch.setattr(launch_mod, "_current_stream", lambda index: 77)
     launch()
     assert paths(kernel) == ["triton", "triton", "fast"]
     # a constexpr passed by default (not in the call) cannot be replayed: Triton's path, always
     other = _Kernel()
     for _ in range(2):
-        _common._fast_launch(0, other, (1,), (x, 64), {"N": 8})
+        launch_mod._fast_launch(0, other, (1,), (x, 64), {"N": 8})
     assert paths(other) == ["triton", "triton"]
 
 
 def test_interpreter_and_cpu_launches_never_use_the_fast_path():
-    if _common.interpreter_active():
-        assert not _common._FAST_LAUNCH
+    if launch_mod.interpreter_active():
+        assert not launch_mod._FAST_LAUNCH
     k = _Kernel()
-    _common.launch(-1, k, (1,), torch.zeros(4), 4, 1e-6, N=4)
-    _common.launch(-1, k, (1,), torch.zeros(4), 4, 1e-6, N=4)
+    launch_mod.launch(-1, k, (1,), torch.zeros(4), 4, 1e-6, N=4)
+    launch_mod.launch(-1, k, (1,), torch.zeros(4), 4, 1e-6, N=4)
     assert paths(k) == ["triton", "triton"]
 
 
@@ -143,10 +143,10 @@ def test_a_launcher_that_refuses_the_arguments_sends_the_key_back_to_triton(kern
 
     monkeypatch.setattr(_Compiled, "run", refuse)
     x = torch.zeros(64)
-    _common._fast_launch(0, kernel, (1,), (x, 64, 1e-6), {"N": 8})
+    launch_mod._fast_launch(0, kernel, (1,), (x, 64, 1e-6), {"N": 8})
     with pytest.warns(RuntimeWarning, match="fast launch path does not fit"):
-        _common._fast_launch(0, kernel, (1,), (x, 64, 1e-6), {"N": 8})
-    _common._fast_launch(0, kernel, (1,), (x, 64, 1e-6), {"N": 8})
+        launch_mod._fast_launch(0, kernel, (1,), (x, 64, 1e-6), {"N": 8})
+    launch_mod._fast_launch(0, kernel, (1,), (x, 64, 1e-6), {"N": 8})
     assert paths(kernel) == ["triton", "triton", "triton"]
 
 
@@ -165,9 +165,9 @@ def test_the_key_refines_tritons_own_specialisation():
                -(2**31), -(2**31) - 16, 2**40, 2**63 - 16, 2**63, 2**64 - 16, True, False, 0.0, 1.0, 1e-6, None]
     for a in samples:
         for b in samples:
-            if type(a) is type(b) and _common._arg_key(a) == _common._arg_key(b):
+            if type(a) is type(b) and launch_mod._arg_key(a) == launch_mod._arg_key(b):
                 spec_a = native(BaseBackend, a, False, True, True)
                 spec_b = native(BaseBackend, b, False, True, True)
                 assert spec_a == spec_b, (a, b)
-    with pytest.raises(_common._NoFastPath):
-        _common._arg_key((1, 2))
+    with pytest.raises(launch_mod._NoFastPath):
+        launch_mod._arg_key((1, 2))

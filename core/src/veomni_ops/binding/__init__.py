@@ -27,7 +27,7 @@ import inspect
 import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from torch import nn
 
@@ -43,14 +43,27 @@ from .head import causal_lm_forward
 from .versions import check_transformers
 
 if TYPE_CHECKING:
-    from ..parallel.runtime import ParallelRuntime
     from ..registry import Registry
 
-__all__ = ["Binding", "BindingError", "DroppedBinding", "Place", "apply", "needs_of", "survey"]
+__all__ = ["Binding", "BindingError", "DroppedBinding", "ParallelWrapper", "Place", "apply", "needs_of", "survey"]
 
 
 class BindingError(ValueError):
     """The plan and the model do not fit together."""
+
+
+class ParallelWrapper(Protocol):
+    """What :func:`apply` asks of a parallel layout (:class:`veomni_ops.parallel.ParallelRuntime`
+    is one). Binding knows this shape only, so that ``parallel`` may import binding (it surveys
+    the model before sharding) and binding never imports ``parallel``."""
+
+    def needs(self) -> Mapping[str, tuple[str, ...]]:
+        """Per op, what ``KernelSpec.parallel`` must declare for this layout (given to ``resolve``)."""
+        ...
+
+    def wrap_plan(self, plan: KernelPlan) -> KernelPlan:
+        """``plan`` with its kernels wrapped to run under this layout."""
+        ...
 
 
 #: What binding changed on one module's ``forward``: the module, whether it had an instance
@@ -286,7 +299,7 @@ def apply(
     registry: Registry | None = None,
     training: bool = True,
     compile: bool = False,
-    parallel: ParallelRuntime | None = None,
+    parallel: ParallelWrapper | None = None,
     skip_logits: bool | None = None,
     lock: LockArg = None,
 ) -> Binding:
@@ -308,8 +321,8 @@ def apply(
     takes it when labels are given (``logits`` is ``None``), ``False`` never (logits always).
     One call can say the same: ``model(..., skip_logits=True)``.
 
-    ``parallel``: a :class:`~veomni_ops.parallel.ParallelRuntime` (anything with ``needs()``
-    and ``wrap_plan(plan)``): resolution takes only kernels whose spec declares what the
+    ``parallel``: a :class:`~veomni_ops.parallel.ParallelRuntime` (any :class:`ParallelWrapper`:
+    ``needs()`` and ``wrap_plan(plan)``): resolution takes only kernels whose spec declares what the
     layout needs, and the plan's kernels are wrapped for it (Ulysses, expert parallelism)
     before they are bound.
 

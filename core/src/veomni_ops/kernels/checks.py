@@ -43,8 +43,12 @@ Op-level contract checks, built from these; each takes ``backend`` and a narrowe
 * :func:`check_linear_cross_entropy_inputs` -- the ``fused_linear`` variant of ``cross_entropy``;
 * :func:`check_swiglu_inputs` -- ``swiglu``: ``gate`` and ``up`` of one shape, dtype and device;
 * :func:`check_eps` -- a non-negative Python float;
-* next to their reference kernels: :func:`veomni_ops.kernels.rotary.check_rotary_inputs`,
-  :func:`veomni_ops.kernels.moe.check_moe_inputs`, :func:`veomni_ops.kernels.moe.check_expert_index`.
+* :func:`check_rotary_inputs` -- ``rotary``: ``q``, ``k`` ``[B, H, S, D]``, ``cos``/``sin`` ``[B, S, R]``;
+* :func:`check_moe_inputs`, :func:`check_expert_index` -- ``moe_experts``: the shapes, and the
+  expert-index rule (``-1``, :data:`NO_EXPERT`, and ``E`` route nowhere). The rotary and MoE
+  reference kernels' modules re-export them (``veomni_ops.kernels.rotary.check_rotary_inputs``,
+  ``veomni_ops.kernels.moe.check_moe_inputs``, ...); they are defined here so that this module
+  imports no kernel module.
 
 A backend binds them once, in its ``kernels/_common.py``, to its tag, the dtypes its kernels
 take and the device types they run on (:class:`BackendChecks`), and its adapters call
@@ -429,6 +433,170 @@ def check_linear_cross_entropy_inputs(
     check_label_values(labels, weight.shape[0], ignore_index, backend=backend, always=always, consequence=consequence)
 
 
+_ROTARY = "rotary"
+_MOE = "moe_experts"
+
+
+def check_rotary_inputs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    backend: str | None = None,
+    float_check: TensorCheck | None = None,
+) -> int:
+    """Check the ``rotary`` contract's inputs; return the rotary dim R.
+
+    Public, for backend authors: call it first in an adapter, then check only what the
+    backend adds. ``float_check`` (default :func:`check_float`,
+    called as ``(x, name, op)``) narrows the dtypes or requires a device type; ``backend``
+    tags every message (``"rotary (liger): ..."``). Shapes only: no host synchronisation.
+    """
+    if float_check is None:
+        float_check = partial(check_float, backend=backend)
+    op = where(_ROTARY, backend)
+    for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
+        float_check(t, name, _ROTARY)
+    check_same_device(_ROTARY, backend=backend, q=q, k=k, cos=cos, sin=sin)
+    check_ndim(q, 4, "q", _ROTARY, "[B, Hq, S, D]", backend=backend)
+    check_ndim(k, 4, "k", _ROTARY, "[B, Hk, S, D]", backend=backend)
+    check_ndim(cos, 3, "cos", _ROTARY, "[B, S, R] (as the model's rotary embedding returns it)", backend=backend)
+    if cos.shape != sin.shape:
+        raise ValueError(f"{op}: cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must have the same shape")
+    b, _, s, d = q.shape
+    if k.shape[0] != b or k.shape[2] != s or k.shape[3] != d:
+        raise ValueError(
+            f"{op}: k {tuple(k.shape)} must match q {tuple(q.shape)} in batch, sequence and head dim "
+            "(layout [B, H, S, D]; transpose(1, 2) a [B, S, H, D] tensor first)"
+        )
+    r = cos.shape[-1]
+    if r % 2 or r == 0 or r > d:
+        raise ValueError(
+            f"{op}: the rotary dim R = cos.shape[-1] = {r} must be even, positive and at most the head dim {d}; "
+            "pass the cos/sin the model's rotary embedding returns (cat(freqs, freqs))"
+        )
+    if cos.shape[0] not in (1, b) or cos.shape[1] != s:
+        raise ValueError(
+            f"{op}: cos/sin {tuple(cos.shape)} do not fit q {tuple(q.shape)}: expected [{b} or 1, {s}, R]"
+        )
+    return r
+
+
+#: The expert index that, like ``E``, means "this route goes to no expert here" (what an
+#: expert-parallel dispatcher writes for a route whose expert lives on another rank).
+NO_EXPERT = -1
+
+
+def _index_message(op: str, value: int | None, num_experts: int) -> str:
+    held = f"holds {value}" if value is not None else "holds an index"
+    return (
+        f"{op}: top_k_index {held}, outside [0, {num_experts}) for E = {num_experts} experts; only -1 and "
+        f"E = {num_experts} may stand for 'no expert here' (the expert-parallel sentinel: the route contributes "
+        "zero), any other index is a routing bug"
+    )
+
+
+def check_expert_index(
+    top_k_index: torch.Tensor, num_experts: int, *, backend: str | None = None, always: bool = False
+) -> None:
+    """The contract's rule for expert indices: each in ``[0, E)``, or ``-1`` / ``E`` (routes nowhere).
+
+    Anything else raises ``ValueError`` naming the op (and ``backend``), the offending index
+    and E. Reading the indices costs one reduction and one host synchronisation, so:
+
+    * ``always=True`` -- for kernels that synchronise anyway (the eager loop, Liger);
+    * otherwise the values are read when :func:`can_read_values`
+      allows it (CPU tensors; accelerators with ``VEOMNI_OPS_CHECK_VALUES=1``); on CUDA, and
+      while ``torch.compile`` traces, the rule is asserted on the device instead
+      (:func:`device_assert`: no synchronisation; a failure stops
+      the process with CUDA's device-side assertion); on other accelerators it is not
+      checked and such an index routes nowhere, as the sentinels do (never out of bounds).
+    """
+    op = where(_MOE, backend)
+    if always or can_read_values(top_k_index):
+        got = value_range(top_k_index)
+        if got is None:
+            return
+        lo, hi = got
+        if lo < NO_EXPERT:
+            raise ValueError(_index_message(op, lo, num_experts))
+        if hi > num_experts:
+            raise ValueError(_index_message(op, hi, num_experts))
+    elif top_k_index.device.type in ("cuda", "cpu") and top_k_index.numel():
+        device_assert(
+            ((top_k_index >= NO_EXPERT) & (top_k_index <= num_experts)).all(), _index_message(op, None, num_experts)
+        )
+
+
+def check_moe_inputs(
+    hidden_states: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+    gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor,
+    *,
+    backend: str | None = None,
+    float_check: TensorCheck | None = None,
+    integer_check: TensorCheck | None = None,
+) -> tuple[int, int, int, int, int]:
+    """Check the ``moe_experts`` contract's inputs; return ``(T, H, E, I, K)``.
+
+    Public, for backend authors: call it first in an adapter, then check only what the
+    backend adds (expert-count limits, index ranges). Checks, in this order: dtypes
+    (``float_check`` on the four float tensors, ``integer_check`` on ``top_k_index``;
+    by default :func:`check_float` and
+    :func:`check_integer`, each called as ``(x, name, op)``:
+    pass your own to narrow the dtypes or to require a device type), ranks, one device,
+    one dtype for the hidden states and both weights, and the shapes ``[T, H]``,
+    ``[T, K]`` twice, ``[E, 2I, H]`` and ``[E, H, I]``. ``backend`` tags every message
+    (``"moe_experts (liger): ..."``). Shapes only: no host synchronisation.
+    """
+    if float_check is None:
+        float_check = partial(check_float, backend=backend)
+    if integer_check is None:
+        integer_check = partial(check_integer, backend=backend)
+    op = where(_MOE, backend)
+    float_check(hidden_states, "hidden_states", _MOE)
+    integer_check(top_k_index, "top_k_index", _MOE)
+    float_check(top_k_weights, "top_k_weights", _MOE)
+    float_check(gate_up_proj, "gate_up_proj", _MOE)
+    float_check(down_proj, "down_proj", _MOE)
+    check_ndim(hidden_states, 2, "hidden_states", _MOE, "[T, H] (flatten batch and sequence first)", backend=backend)
+    check_ndim(top_k_index, 2, "top_k_index", _MOE, "[T, K]", backend=backend)
+    check_ndim(top_k_weights, 2, "top_k_weights", _MOE, "[T, K]", backend=backend)
+    check_ndim(gate_up_proj, 3, "gate_up_proj", _MOE, "[E, 2I, H]", backend=backend)
+    check_ndim(down_proj, 3, "down_proj", _MOE, "[E, H, I]", backend=backend)
+    check_same_device(
+        _MOE,
+        backend=backend,
+        hidden_states=hidden_states,
+        top_k_index=top_k_index,
+        top_k_weights=top_k_weights,
+        gate_up_proj=gate_up_proj,
+        down_proj=down_proj,
+    )
+    check_same_dtype(_MOE, backend=backend, hidden_states=hidden_states, gate_up_proj=gate_up_proj, down_proj=down_proj)
+    t, h = hidden_states.shape
+    if top_k_index.shape != top_k_weights.shape or top_k_index.shape[0] != t:
+        raise ValueError(
+            f"{op}: top_k_index {tuple(top_k_index.shape)} and top_k_weights {tuple(top_k_weights.shape)} "
+            f"must both be [T, K] with T = {t} tokens"
+        )
+    e, two_i, h_in = gate_up_proj.shape
+    if h_in != h or two_i % 2:
+        raise ValueError(
+            f"{op}: gate_up_proj {tuple(gate_up_proj.shape)} must be [E, 2I, H] with H = {h} "
+            "(transformers v5 layout: gate rows first, then up rows)"
+        )
+    if tuple(down_proj.shape) != (e, h, two_i // 2):
+        raise ValueError(
+            f"{op}: down_proj {tuple(down_proj.shape)} must be [E, H, I] = [{e}, {h}, {two_i // 2}] "
+            f"to match gate_up_proj {tuple(gate_up_proj.shape)}"
+        )
+    return t, h, e, two_i // 2, top_k_index.shape[1]
+
+
 @dataclass
 class BackendChecks:
     """The checks above, bound once to a backend: its tag, its kernels' dtypes and devices.
@@ -521,9 +689,7 @@ class BackendChecks:
         )
 
     def check_rotary_inputs(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> int:
-        """:func:`veomni_ops.kernels.rotary.check_rotary_inputs` with this backend's dtypes; returns R."""
-        from .rotary import check_rotary_inputs
-
+        """:func:`check_rotary_inputs` with this backend's dtypes; returns R."""
         return check_rotary_inputs(q, k, cos, sin, backend=self.backend, float_check=self.check_float)
 
     def check_moe_inputs(
@@ -534,16 +700,12 @@ class BackendChecks:
         gate_up_proj: torch.Tensor,
         down_proj: torch.Tensor,
     ) -> tuple[int, int, int, int, int]:
-        """:func:`veomni_ops.kernels.moe.check_moe_inputs` with this backend's dtypes; returns ``(T, H, E, I, K)``."""
-        from .moe import check_moe_inputs
-
+        """:func:`check_moe_inputs` with this backend's dtypes; returns ``(T, H, E, I, K)``."""
         return check_moe_inputs(
             hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj,
             backend=self.backend, float_check=self.check_float, integer_check=self.check_integer,
         )
 
     def check_expert_index(self, top_k_index: torch.Tensor, num_experts: int, *, always: bool = False) -> None:
-        """:func:`veomni_ops.kernels.moe.check_expert_index`, tagged with this backend."""
-        from .moe import check_expert_index
-
+        """:func:`check_expert_index`, tagged with this backend."""
         check_expert_index(top_k_index, num_experts, backend=self.backend, always=always)

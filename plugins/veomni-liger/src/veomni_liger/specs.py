@@ -16,7 +16,8 @@ core's config). What is registered, and why each field has the value it has:
 * ``supports_compile``: False everywhere until a GPU run shows otherwise. The cross-entropy
   and MoE kernels synchronise with the host (``.item()``) and cannot trace with
   ``fullgraph=True``; for RMSNorm, RoPE and SwiGLU it is untested (Triton under the CPU
-  interpreter cannot be traced by dynamo). ``gpu/check_liger.py`` reports it.
+  interpreter cannot be traced by dynamo). ``veomni-ops check --backend veomni-liger --compile``
+  on a GPU says whether each compiles (README, ``supports_compile``).
 * Not registered: ``load_balancing_loss`` and ``attention`` (Liger 0.8.5 has no kernel with
   those contracts).
 """

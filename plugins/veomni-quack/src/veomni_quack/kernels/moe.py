@@ -69,7 +69,8 @@ import functools
 import torch
 from veomni_ops.kernels.moe import routed
 
-from ._common import CHECKS, fingerprint_installed_dsl, import_quack, layout_div, to_layout
+from ._common import CHECKS, import_quack, layout_div, to_layout
+from .dsl_fingerprint import fingerprint_installed_dsl
 
 # gemm_gated / gemm_dgated build their epilogues through quack.epilogue.library (imported at their
 # first call), whose fingerprinting fails for a DSL installed outside site-packages (see there).

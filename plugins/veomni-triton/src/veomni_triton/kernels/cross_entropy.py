@@ -45,7 +45,8 @@ import triton.language as tl
 from veomni_ops.kernels.checks import can_read_values, check_chunk_size, device_assert
 from veomni_ops.kernels.cross_entropy import add_weight_grad_
 
-from ._common import CHECKS, check_tensors, eager_path, launch, next_pow2
+from ._common import CHECKS, check_tensors
+from .launch import eager_path, launch, next_pow2
 
 _OP = "cross_entropy"
 

@@ -21,7 +21,7 @@ pass over the layers reads what the checks and the pointer table need (dtype, sh
 strides, address; the detailed per-layer checks run only when that pass finds something off);
 the plan it makes (the pointer table) is kept on the autograd node for backward, which only
 checks that the saved layers are still where forward read them; launches go through
-``_common.launch`` (its fast path skips Triton's per-launch dispatch).
+``launch.launch`` (its fast path skips Triton's per-launch dispatch).
 
 * ``_lbl_partial_kernel``: the L logits tensors are read in place through a table of their
   element offsets from ``gate_logits[0]`` and row strides (no ``torch.stack`` copy of
@@ -58,17 +58,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (
-    _PLAIN_TENSORS,
-    CHECKS,
-    cdiv,
-    check_device,
-    eager_path,
-    interpreter_active,
-    launch,
-    next_pow2,
-    sm_count,
-)
+from ._common import CHECKS, check_device, interpreter_active
+from .launch import PLAIN_TENSORS, cdiv, eager_path, launch, next_pow2, sm_count
 
 _OP = "load_balancing_loss"
 
@@ -483,7 +474,7 @@ def _scan(logits: Sequence[torch.Tensor]) -> tuple[list[int], list[int]] | None:
     (what the kernels read in place); ``None`` otherwise (then the full checks run and, where
     they pass, the general path copies what it must)."""
     first = logits[0]
-    if type(first) not in _PLAIN_TENSORS or first.dim() != 2:
+    if type(first) not in PLAIN_TENSORS or first.dim() != 2:
         return None
     dtype, shape, dev = first.dtype, first.shape, first.device
     elt = first.element_size()
@@ -491,7 +482,7 @@ def _scan(logits: Sequence[torch.Tensor]) -> tuple[list[int], list[int]] | None:
     any_stride = shape[1] == 1
     ptrs, strides = [], []
     for x in logits:
-        if type(x) not in _PLAIN_TENSORS or x.dtype != dtype or x.shape != shape or x.device != dev:
+        if type(x) not in PLAIN_TENSORS or x.dtype != dtype or x.shape != shape or x.device != dev:
             return None
         row, col = x.stride()
         p = x.data_ptr()

@@ -11,23 +11,23 @@ Forward (3 Triton launches after a device-side sort; nothing reads device memory
 
 1. route: a stable ``torch.sort`` of the ``T*K`` expert indices gives ``perm`` (routes in
    expert order); ``searchsorted`` over ``0..E`` gives each expert's row range ``offs``.
-2. ``_gate_up_fwd_kernel``: grouped GEMM whose A rows are *gathered* from ``hidden`` through
+2. ``gate_up_fwd_kernel``: grouped GEMM whose A rows are *gathered* from ``hidden`` through
    ``perm`` (no gathered copy), two accumulators (g and u columns of one tile), epilogue
    ``hw = w_r * silu(g) * u`` (the route weight folded in here, so that the down GEMM's
    output only needs summing); ``[g | u]`` is kept for backward when a gradient is needed.
-3. ``_grouped_scatter_kernel``: ``y_r = down_proj[e] @ hw_r``, each row written once to its
+3. ``grouped_scatter_kernel``: ``y_r = down_proj[e] @ hw_r``, each row written once to its
    route's slot of a ``[T*K, H]`` buffer.
-4. ``_combine_kernel``: ``out_t = sum_k y_{t,k}`` in fp32, k in order: deterministic, no atomics.
+4. ``combine_kernel``: ``out_t = sum_k y_{t,k}`` in fp32, k in order: deterministic, no atomics.
 
 Backward (4 GEMM launches + 1 combine):
 
-* ``_dh_bwd_kernel``: ``dhu = grad_out[token] @ down_proj[e]`` (gathered), epilogue gives
+* ``dh_bwd_kernel``: ``dhu = grad_out[token] @ down_proj[e]`` (gathered), epilogue gives
   ``d top_k_weights`` partial dot products ``<silu(g)*u, dhu>`` (per N-tile, summed after in a
   fixed order), and ``d[g|u]`` through the SiLU derivative.
-* ``_wgrad_kernel`` twice: ``d down_proj[e] = sum_r grad_out[token]^T hw_r`` and
+* ``wgrad_kernel`` twice: ``d down_proj[e] = sum_r grad_out[token]^T hw_r`` and
   ``d gate_up_proj[e] = sum_r d[g|u]_r^T x[token]``, one program per (expert, tile), looping over
   the expert's rows (an expert without tokens gets zeros).
-* ``_grouped_scatter_kernel`` + ``_combine_kernel``: ``dx_r = d[g|u]_r @ gate_up_proj[e]`` per
+* ``grouped_scatter_kernel`` + ``combine_kernel``: ``dx_r = d[g|u]_r @ gate_up_proj[e]`` per
   route, then summed over k per token.
 
 Every tensor that crosses the Python boundary goes through ``torch.library`` custom ops
@@ -53,14 +53,15 @@ from dataclasses import dataclass, replace
 import torch
 import triton
 
-from ._common import CHECKS, as_rows, check_device, interpreter_active, next_pow2
+from ._common import CHECKS, check_device, interpreter_active
+from .launch import as_rows, launch_device, next_pow2
 from .moe_kernels import (
-    _combine_kernel,
-    _dh_bwd_kernel,
-    _gate_up_fwd_kernel,
-    _grouped_scatter_kernel,
-    _tile_map_kernel,
-    _wgrad_kernel,
+    combine_kernel,
+    dh_bwd_kernel,
+    gate_up_fwd_kernel,
+    grouped_scatter_kernel,
+    tile_map_kernel,
+    wgrad_kernel,
 )
 
 _OP = "moe_experts"
@@ -198,13 +199,6 @@ def _dot_precision(dtype: torch.dtype) -> str:
     return "tf32"
 
 
-def _launch_device(t: torch.Tensor):
-    # Triton launches on the current CUDA device; make it the tensors' device.
-    if t.device.type == "cuda" and t.device.index != torch.cuda.current_device():
-        return torch.cuda.device(t.device)
-    return contextlib.nullcontext()
-
-
 def _e_pow2(num_experts: int) -> int:
     return max(16, next_pow2(num_experts))
 
@@ -235,7 +229,7 @@ class _Tiles:
             tile_expert = torch.empty((n,), device=self.offs.device, dtype=torch.int32)
             tile_start = torch.empty((n,), device=self.offs.device, dtype=torch.int32)
             chunk = min(64, next_pow2(n))
-            _tile_map_kernel[(triton.cdiv(n, chunk),)](
+            tile_map_kernel[(triton.cdiv(n, chunk),)](
                 self.offs, tile_expert, tile_start, self.num_experts, n,
                 BLOCK_M=block_m, E_POW2=_e_pow2(self.num_experts), CHUNK=chunk, num_warps=4,
             )
@@ -249,7 +243,7 @@ def _combine(y: torch.Tensor, idx: torch.Tensor, out: torch.Tensor, num_experts:
     block_n = min(1024, next_pow2(n))
     block_t = max(1, 4096 // block_n)
     grid = (triton.cdiv(t, block_t), triton.cdiv(n, block_n))
-    _combine_kernel[grid](
+    combine_kernel[grid](
         y, idx, out, t, n, num_experts, y.stride(0), out.stride(0),
         TOPK=k, UPCAST=interpreter_active(), BLOCK_T=block_t, BLOCK_N=block_n, num_warps=4,
     )
@@ -262,7 +256,7 @@ def _grouped_scatter(
     num_experts = tiles.num_experts
     tile_expert, tile_start, m_tiles = tiles.get(cfg.block_m)
     grid = (m_tiles * triton.cdiv(n, cfg.block_n),)
-    _grouped_scatter_kernel[grid](
+    grouped_scatter_kernel[grid](
         a, perm, w, tiles.offs, tile_expert, tile_start, out, num_experts, n, kd,
         a.stride(0), a.stride(1), w.stride(0), stride_wk, stride_wn, out.stride(0), out.stride(1),
         EVEN_K=kd % cfg.block_k == 0, EVEN_N=n % cfg.block_n == 0,
@@ -281,7 +275,7 @@ def _gate_up(
     inter = two_i // 2
     tile_expert, tile_start, m_tiles = tiles.get(cfg.block_m)
     grid = (m_tiles * triton.cdiv(inter, cfg.block_n),)
-    _gate_up_fwd_kernel[grid](
+    gate_up_fwd_kernel[grid](
         hidden, perm, weights, gate_up_proj, tiles.offs, tile_expert, tile_start, gu, hw,
         num_experts, inter, h,
         hidden.stride(0), hidden.stride(1),
@@ -297,11 +291,11 @@ def _dh(
     go: torch.Tensor, perm: torch.Tensor, weights: torch.Tensor, down_proj: torch.Tensor, tiles: _Tiles,
     gu: torch.Tensor, dgu: torch.Tensor, dwp: torch.Tensor, topk: int, cfg: GemmConfig,
 ) -> None:
-    """dgu[row] = d[g | u] and dwp[route, n-tile] partials of d top_k_weights (see ``_dh_bwd_kernel``)."""
+    """dgu[row] = d[g | u] and dwp[route, n-tile] partials of d top_k_weights (see ``dh_bwd_kernel``)."""
     num_experts, h, inter = down_proj.shape
     num_n = triton.cdiv(inter, cfg.block_n)
     tile_expert, tile_start, m_tiles = tiles.get(cfg.block_m)
-    _dh_bwd_kernel[(m_tiles * num_n,)](
+    dh_bwd_kernel[(m_tiles * num_n,)](
         go, perm, weights, down_proj, tiles.offs, tile_expert, tile_start, gu, dgu, dwp,
         num_experts, inter, h,
         go.stride(0), go.stride(1), down_proj.stride(0), down_proj.stride(1), down_proj.stride(2),
@@ -319,7 +313,7 @@ def _wgrad(
     """out[e] = A_e^T @ B_e over the rows of expert e (A: [rows, M], B: [rows, N])."""
     num_experts, m, n = out.shape
     grid = (num_experts * triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
-    _wgrad_kernel[grid](
+    wgrad_kernel[grid](
         a, b, perm, offs, out, m, n,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1), out.stride(2),
         TOPK=topk, A_GATHER=a_gather, B_GATHER=b_gather,
@@ -355,7 +349,7 @@ def _moe_fwd(
                 torch.zeros((num_experts + 1,), device=dev, dtype=torch.int64))
     if not save:
         hw = torch.empty((tk, inter), device=dev, dtype=dt)
-    with _launch_device(hidden):
+    with launch_device(hidden):
         perm, offs = _route(top_k_index.reshape(-1), num_experts)
         tiles = _Tiles(offs, tk, num_experts)
         rpe = tk / num_experts
@@ -423,7 +417,7 @@ def _moe_bwd(
         return dx, dw, dgu_w, dd_w
     rpe = tk / num_experts
     go = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()
-    with _launch_device(hidden):
+    with launch_device(hidden):
         tiles = _Tiles(offs, tk, num_experts)
         if need_down:
             # d down_proj[e][h, i] = sum_r grad_out[token(r), h] * hw[r, i]

@@ -14,7 +14,7 @@ Vocabulary shared by every kernel here:
 
 M-grouped GEMMs (one row per sorted route) are launched with a grid sized from a bound that
 the host knows without reading device memory: ``cdiv(TK, BLOCK_M) + min(E, TK)`` M-tiles
-bounds ``sum_e cdiv(count_e, BLOCK_M)``. ``_tile_map_kernel`` (a few small programs) writes, for
+bounds ``sum_e cdiv(count_e, BLOCK_M)``. ``tile_map_kernel`` (a few small programs) writes, for
 every tile id under that bound, its expert and first sorted row; a GEMM program reads its two
 entries and exits when its tile id has no work. Programs are ordered N-tile fastest, so the
 N-tiles of one M-tile run together (the gathered A rows come from HBM once) and the M-tiles
@@ -35,7 +35,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _tile_map_kernel(
+def tile_map_kernel(
     offs_ptr, tile_expert_ptr, tile_start_ptr, E, NUM_TILES,
     BLOCK_M: tl.constexpr, E_POW2: tl.constexpr, CHUNK: tl.constexpr,
 ):
@@ -78,7 +78,7 @@ def _to_out(x, DT: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _gate_up_fwd_kernel(
+def gate_up_fwd_kernel(
     x_ptr, perm_ptr, rw_ptr, w_ptr, offs_ptr, tile_expert_ptr, tile_start_ptr, gu_ptr, hw_ptr,
     E, INTER, H,
     stride_xt, stride_xh, stride_we, stride_wn, stride_wh,
@@ -152,7 +152,7 @@ def _gate_up_fwd_kernel(
 
 
 @triton.jit
-def _grouped_scatter_kernel(
+def grouped_scatter_kernel(
     a_ptr, perm_ptr, w_ptr, offs_ptr, tile_expert_ptr, tile_start_ptr, out_ptr,
     E, N, KD,
     stride_am, stride_ak, stride_we, stride_wk, stride_wn, stride_om, stride_on,
@@ -206,7 +206,7 @@ def _grouped_scatter_kernel(
 
 
 @triton.jit
-def _dh_bwd_kernel(
+def dh_bwd_kernel(
     go_ptr, perm_ptr, rw_ptr, wd_ptr, offs_ptr, tile_expert_ptr, tile_start_ptr, gu_ptr, dgu_ptr, dwp_ptr,
     E, INTER, H,
     stride_gt, stride_gh, stride_we, stride_wh, stride_wi,
@@ -279,7 +279,7 @@ def _dh_bwd_kernel(
 
 
 @triton.jit
-def _wgrad_kernel(
+def wgrad_kernel(
     a_ptr, b_ptr, perm_ptr, offs_ptr, out_ptr,
     M, N,
     stride_ar, stride_am, stride_br, stride_bn, stride_oe, stride_om, stride_on,
@@ -346,7 +346,7 @@ def _wgrad_kernel(
 
 
 @triton.jit
-def _combine_kernel(
+def combine_kernel(
     y_ptr, idx_ptr, out_ptr,
     T, N, E,
     stride_ym, stride_ot,

@@ -32,7 +32,7 @@ Design (memory bound: the goal is one read of x and one write of y):
 
 Non-contiguous input: any tensor whose last dimension has stride 1 and whose leading
 dimensions collapse to one stride is read in place (row stride passed to the kernel);
-anything else is copied once with an explicit ``.contiguous()`` (see ``_common.as_rows``).
+anything else is copied once with an explicit ``.contiguous()`` (see ``launch.as_rows``).
 """
 
 from __future__ import annotations
@@ -43,10 +43,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (
+from ._common import check_tensors
+from .launch import (
     as_rows,
     cdiv,
-    check_tensors,
     eager_path,
     launch,
     next_pow2,

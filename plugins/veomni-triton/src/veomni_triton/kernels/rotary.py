@@ -33,7 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import check_tensors, eager_path, launch, next_pow2
+from ._common import check_tensors
+from .launch import eager_path, launch, next_pow2
 
 
 @triton.jit

@@ -14,7 +14,7 @@ Layout: when every operand is contiguous the tensors are walked as one flat arra
 (``FLAT``: no row arithmetic, ``BLOCK``-element vectorised chunks); otherwise as rows
 ``[M, I]`` with a row stride each, which covers ``gate, up = gate_up.chunk(2, -1)`` of a
 fused projection without a copy. Only a last dimension with stride != 1 is copied, once,
-explicitly (``_common.as_rows``).
+explicitly (``launch.as_rows``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import as_rows, cdiv, check_tensors, eager_path, launch
+from ._common import check_tensors
+from .launch import as_rows, cdiv, eager_path, launch
 
 
 @triton.jit

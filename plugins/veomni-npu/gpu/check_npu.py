@@ -11,7 +11,7 @@ reported on its own: the script runs once, blind.
 
 Usage (from the repository root, or anywhere: the script finds core/ and the plugin)::
 
-    python plugins/veomni-npu/npu/check_npu.py --json npu_check.json
+    python plugins/veomni-npu/gpu/check_npu.py --json npu_check.json
 
 Needs: an Ascend NPU (Atlas A2/A3 for bf16, npu_swiglu and the MoE permutation), the CANN
 toolkit sourced, torch and the matching torch-npu (>= 2.7.1 for the MoE kernel); veomni-ops
@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
                          "checks the script, not the kernels)")
     args = ap.parse_args(argv)
     if args.smoke:
-        sys.path.insert(0, str(HERE.parents[1] / "tests" / "fakes"))
+        sys.path.insert(0, str(HERE.parents[1] / "tests" / "standins"))
 
     report: dict = {"environment": environment(), "conformance": {}, "compile": None}
     env = report["environment"]
