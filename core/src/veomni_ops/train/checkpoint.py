@@ -293,29 +293,36 @@ class Checkpointer:
 
     def _check_tensors(self, path: str, info: dict[str, Any], meta: dict[str, Any], ours: dict[str, Any]) -> None:
         """Every tensor of this run's model and optimizer is in the checkpoint with its global
-        shape, and the checkpoint's model has no tensor this one lacks."""
+        shape, and the checkpoint's model has no tensor this one lacks: else an error naming the
+        model's differences (the optimizer's, where the model's are none)."""
         def shape(x) -> tuple[int, ...] | None:
             size = getattr(x, "size", None)
             return tuple(size) if size is not None and not callable(size) else None
 
-        missing = [k for k in ours if k not in meta]
-        extra = [k for k, v in meta.items() if k.startswith("model.") and k not in ours and shape(v) is not None]
-        wrong = [f"{k} {list(shape(meta[k]) or [])} there, {list(v.shape)} here" for k, v in ours.items()
-                 if k in meta and hasattr(v, "shape") and shape(meta[k]) != tuple(v.shape)]
-        if not (missing or extra or wrong):
+        parts = []
+        for prefix, what in (("model.", "parameters"), ("optim.", "optimizer tensors")):
+            mine = {k: v for k, v in ours.items() if k.startswith(prefix)}
+            wrong = [f"{k.removeprefix(prefix)} {list(shape(meta[k]) or [])} there, {list(v.shape)} here"
+                     for k, v in mine.items() if k in meta and shape(meta[k]) != tuple(v.shape)]
+            missing = [k.removeprefix(prefix) for k in mine if k not in meta]
+            extra = [k.removeprefix(prefix) for k, v in meta.items()
+                     if k.startswith(prefix) and k not in mine and shape(v) is not None]
+            for label, names in ((f"{what} of other shapes", wrong), (f"{what} not in the checkpoint", missing),
+                                 (f"{what} only in the checkpoint", extra)):
+                if names:
+                    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+                    parts.append(f"{label}: {', '.join(names[:3])}{more}")
+            if parts:
+                break
+        if not parts:
             return
         m = info.get("model") or {}
-        what = m.get("config_file") or f"{m.get('architecture')} {m.get('size')}"
-        overrides = m.get("overrides")
-        parts = []
-        for label, names in (("shapes differ", wrong), ("not in the checkpoint", missing),
-                             ("only in the checkpoint", extra)):
-            if names:
-                more = f" and {len(names) - 4} more" if len(names) > 4 else ""
-                parts.append(f"{label}: {', '.join(names[:4])}{more}")
-        raise TrainConfigError(f"{path}: the checkpoint is of another model ({what}"
-                               + (f", config {overrides}" if overrides else "") + f"): {'; '.join(parts)}. Resume "
-                               "with the model it was written for, or train this one into a fresh checkpoint_dir")
+        written = m.get("config_file") or f"{m.get('architecture')} {m.get('size')}"
+        if m.get("overrides"):
+            written += f" with config {m['overrides']}"
+        raise TrainConfigError(f"{path}: the checkpoint is of another model (written by {written}): "
+                               f"{'; '.join(parts)}. Resume with the model it was written for, or train this one into "
+                               "a fresh checkpoint_dir")
 
 
 def _prefixed(prefix: str, state: dict[str, Any]) -> dict[str, Any]:

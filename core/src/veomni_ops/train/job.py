@@ -216,36 +216,15 @@ def _load_checkpointing(path: str, train: dict[str, Any], layout, here: bool) ->
     checkpoint ``resume`` names is there. Returns the problems."""
     from .checkpoint import find_resume
 
-    problems = []
-    folder, every, resume = train["checkpoint_dir"], train["checkpoint_every"], train["resume"]
-    if folder is not None:
-        if not isinstance(folder, str) or not folder.strip():
-            problems.append(f"train.checkpoint_dir must be the path of a folder to write checkpoints into, not "
-                            f"{folder!r}")
-            folder = None
-        else:
-            folder = train["checkpoint_dir"] = _job_path(path, folder)
-            if os.path.exists(folder) and not os.path.isdir(folder):
-                problems.append(f"train.checkpoint_dir {folder} is a file, not a folder: name a folder (it is made "
-                                "where it is missing)")
+    problems = _checkpoint_dir(path, train)
+    every = train["checkpoint_every"]
     if isinstance(every, bool) or not isinstance(every, int) or every < 0:
         problems.append(f"train.checkpoint_every must be a whole number of steps >= 0 (0: a checkpoint at the last "
                         f"step only), got {every!r}")
     elif every and train["checkpoint_dir"] is None:
         problems.append("train.checkpoint_every needs train.checkpoint_dir: the folder to write the checkpoints into")
-    if resume is None:
-        resume = train["resume"] = False
-    if resume is True or resume == "auto":
-        if train["checkpoint_dir"] is None:
-            problems.append(f"train.resume: {'true' if resume is True else resume} resumes from the latest checkpoint "
-                            "in train.checkpoint_dir, which is not set: set checkpoint_dir, or give resume: PATH of "
-                            "a checkpoint")
-    elif isinstance(resume, str) and resume.strip():
-        resume = train["resume"] = _job_path(path, resume)
-    elif resume is not False:
-        problems.append(f"train.resume must be true (the latest checkpoint in checkpoint_dir), auto (the same, or a "
-                        f"fresh start where there is none), false, or the path of a checkpoint; got {resume!r}")
-    if layout is not None and layout.ep > 1 and (train["checkpoint_dir"] is not None or resume is not False):
+    problems += _resume(path, train)
+    if layout is not None and layout.ep > 1 and (train["checkpoint_dir"] is not None or train["resume"] is not False):
         problems.append(f"train.checkpoint_dir / resume with parallel.ep {layout.ep} is not supported yet (each rank "
                         "holds a slice of the experts that torch.distributed.checkpoint cannot place); use ep: 1, or "
                         "train without checkpoints")
@@ -255,6 +234,35 @@ def _load_checkpointing(path: str, train: dict[str, Any], layout, here: bool) ->
         except TrainConfigError as e:
             problems.append(str(e))
     return problems
+
+
+def _checkpoint_dir(path: str, train: dict[str, Any]) -> list[str]:
+    folder = train["checkpoint_dir"]
+    if folder is None:
+        return []
+    if not isinstance(folder, str) or not folder.strip():
+        return [f"train.checkpoint_dir must be the path of a folder to write checkpoints into, not {folder!r}"]
+    folder = train["checkpoint_dir"] = _job_path(path, folder)
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        return [f"train.checkpoint_dir {folder} is a file, not a folder: name a folder (it is made where it is "
+                "missing)"]
+    return []
+
+
+def _resume(path: str, train: dict[str, Any]) -> list[str]:
+    resume = train["resume"]
+    if resume is None or resume is False:
+        train["resume"] = False
+    elif resume is True or resume == "auto":
+        if train["checkpoint_dir"] is None:
+            return [f"train.resume: {'true' if resume is True else resume} resumes from the latest checkpoint in "
+                    "train.checkpoint_dir, which is not set: set checkpoint_dir, or give resume: PATH of a checkpoint"]
+    elif isinstance(resume, str) and resume.strip():
+        train["resume"] = _job_path(path, resume)
+    else:
+        return [f"train.resume must be true (the latest checkpoint in checkpoint_dir), auto (the same, or a fresh "
+                f"start where there is none), false, or the path of a checkpoint; got {resume!r}"]
+    return []
 
 
 def _job_path(path: str, value: str) -> str:

@@ -135,7 +135,8 @@ def _train(job: dict[str, Any], out, baseline: str | None = None, rt=None) -> di
     vocab = model.config.vocab_size
     # Checkpoints (train.checkpoint_dir / resume; never for a baseline, a measurement of another stack):
     # a resumed run starts after the checkpoint's step, with its losses so far.
-    start, losses, ckpt, source = 0, [], None, None
+    start, ckpt, source = 0, None, None
+    losses: list[float] = []
     if baseline is None and (t.get("checkpoint_dir") or t.get("resume")):
         from .checkpoint import Checkpointer, find_resume
 
