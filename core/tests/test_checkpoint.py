@@ -3,7 +3,8 @@
 A run killed hard (``os._exit(9)``: no cleanup, as under SIGKILL; ``ckpt_worker.py``) and
 resumed gives the losses of a run never stopped, bitwise in float32: in one process, and on 2
 processes (``dp_shard: 2``, gloo; killed in the middle of a save, whose half-written checkpoint
-resume must pass over). A checkpoint written under ``dp_shard: 2`` resumes in one process. And
+resume must pass over). A checkpoint written under ``dp_shard: 2`` resumes in one process, and
+one written in one process under ``sp: 2``. And
 the refusals: malformed fields, no checkpoint, a checkpoint of another model or other data.
 The 2-process jobs are marked ``parallel``.
 """
@@ -151,6 +152,20 @@ def test_a_dp2_checkpoint_resumes_in_one_process(tmp_path, dp2_never_stopped):
     got = train_one(job, out=quiet())
     assert got["first_step"] == 5 and got["losses"][:4] == never[:4]
     for a, b in zip(got["losses"][4:], never[4:], strict=True):
+        assert abs(a - b) <= CROSS_LAYOUT_TOL * abs(b), (got["losses"], never)
+
+
+@pytest.mark.parallel
+def test_a_one_process_checkpoint_resumes_under_sp2(tmp_path, two_steps):
+    """The reverse way, and another layout: one process -> sp 2 (both ranks hold FSDP2 shards of
+    every dense parameter; rank 1, which the checkpoint has no RNG state for, takes rank 0's)."""
+    never = train_one(load_job(str(write_job(tmp_path, "never", steps=4))), out=quiet())["losses"]
+    job = write_job(tmp_path, "sp2", parallel={"sp": 2}, steps=4, resume=str(two_steps))
+    res = two_ranks(tmp_path, tmp_path / "sp2.json", "none", str(job))
+    assert all(r["rc"] == 0 for r in res), P._fmt(res)
+    got = json.loads((tmp_path / "sp2.json").read_text())
+    assert got["parallel"]["sp"] == 2 and got["first_step"] == 3 and got["losses"][:2] == never[:2]
+    for a, b in zip(got["losses"][2:], never[2:], strict=True):
         assert abs(a - b) <= CROSS_LAYOUT_TOL * abs(b), (got["losses"], never)
 
 

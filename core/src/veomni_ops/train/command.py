@@ -149,9 +149,8 @@ def run(args: argparse.Namespace) -> int:
         runs = []
         for i, (path, baseline, title) in enumerate(specs):
             print(f"== {title}", file=human, flush=True)
-            main_run = i == 0  # --lock and --resume are CONFIG's
-            runs.append(run_child(path, seed, args.steps, baseline, lock=args.lock if main_run else None,
-                                  resume=args.resume if main_run else None))
+            mine = {"lock": args.lock, "resume": args.resume} if i == 0 else {}  # --lock and --resume are CONFIG's
+            runs.append(run_child(path, seed, args.steps, baseline, **{k: v for k, v in mine.items() if v}))
     rep = report(runs, list(range(1, len(runs))), args.loss_tol)
     if args.plot:
         plot(runs, rep, args.plot)
