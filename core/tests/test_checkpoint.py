@@ -3,8 +3,8 @@
 A run killed hard (``os._exit(9)``: no cleanup, as under SIGKILL; ``ckpt_worker.py``) and
 resumed gives the losses of a run never stopped, bitwise in float32: in one process, and on 2
 processes (``dp_shard: 2``, gloo; killed in the middle of a save, whose half-written checkpoint
-resume must pass over). A checkpoint written under ``dp_shard: 2`` resumes in one process, and
-one written in one process under ``sp: 2``. And
+resume must pass over). A checkpoint written under ``dp_shard: 2`` (and ``dp_shard: 2, ep: 2``)
+resumes in one process, and one written in one process under ``sp: 2, ep: 2``. And
 the refusals: malformed fields, no checkpoint, a checkpoint of another model or other data.
 The 2-process jobs are marked ``parallel``.
 """
@@ -45,6 +45,7 @@ TRAIN = {"batch_size": 2, "seq_len": 16, "steps": STEPS, "lr": 1e-3, "dtype": "f
 #: 1e-6 allows for other CPUs' summation orders and still fails on any real loss of state: a
 #: fresh AdamW (no moments), or the data from the wrong step, moves steps 5 and 6 by >1e-4.
 CROSS_LAYOUT_TOL = 1e-6
+MOE = {"architecture": "qwen3_moe"}
 
 
 def write_job(tmp_path: Path, name: str, parallel: dict | None = None, model: dict | None = None,
@@ -155,16 +156,46 @@ def test_a_dp2_checkpoint_resumes_in_one_process(tmp_path, dp2_never_stopped):
         assert abs(a - b) <= CROSS_LAYOUT_TOL * abs(b), (got["losses"], never)
 
 
+@pytest.fixture(scope="module")
+def moe_two_steps(tmp_path_factory):
+    """A checkpoint of the tiny Qwen3-MoE after 2 steps (one process)."""
+    tmp = tmp_path_factory.mktemp("moe_two_steps")
+    train_one(load_job(str(write_job(tmp, "two", model=MOE, steps=2, checkpoint_dir="ck"))), out=quiet())
+    return tmp / "ck" / checkpoint_name(2)
+
+
 @pytest.mark.parallel
-def test_a_one_process_checkpoint_resumes_under_sp2(tmp_path, two_steps):
-    """The reverse way, and another layout: one process -> sp 2 (both ranks hold FSDP2 shards of
-    every dense parameter; rank 1, which the checkpoint has no RNG state for, takes rank 0's)."""
-    never = train_one(load_job(str(write_job(tmp_path, "never", steps=4))), out=quiet())["losses"]
-    job = write_job(tmp_path, "sp2", parallel={"sp": 2}, steps=4, resume=str(two_steps))
-    res = two_ranks(tmp_path, tmp_path / "sp2.json", "none", str(job))
+def test_a_one_process_checkpoint_resumes_under_sp2_ep2(tmp_path, moe_two_steps):
+    """The reverse way, another layout, and experts: one process -> sp 2 x ep 2 (FSDP2 shards of
+    every dense parameter; each rank reads its 4 of the 8 experts; rank 1, which the checkpoint
+    has no RNG state for, takes rank 0's)."""
+    never = train_one(load_job(str(write_job(tmp_path, "never", model=MOE, steps=4))), out=quiet())["losses"]
+    job = write_job(tmp_path, "sp2ep2", parallel={"sp": 2, "ep": 2}, model=MOE, steps=4, resume=str(moe_two_steps))
+    res = two_ranks(tmp_path, tmp_path / "sp2ep2.json", "none", str(job))
     assert all(r["rc"] == 0 for r in res), P._fmt(res)
-    got = json.loads((tmp_path / "sp2.json").read_text())
-    assert got["parallel"]["sp"] == 2 and got["first_step"] == 3 and got["losses"][:2] == never[:2]
+    got = json.loads((tmp_path / "sp2ep2.json").read_text())
+    assert got["parallel"]["ep"] == 2 and got["first_step"] == 3 and got["losses"][:2] == never[:2]
+    for a, b in zip(got["losses"][2:], never[2:], strict=True):
+        assert abs(a - b) <= CROSS_LAYOUT_TOL * abs(b), (got["losses"], never)
+
+
+@pytest.mark.parallel
+def test_an_expert_parallel_checkpoint_resumes_in_one_process(tmp_path):
+    """dp_shard 2 x ep 2 writes each rank's experts as its part of all 8 (ranks 0 and 1 own
+    experts 0-3 and 4-7); one process reads them whole and goes on as the run did."""
+    job = write_job(tmp_path, "ep2", parallel={"dp_shard": 2, "ep": 2}, model=MOE, steps=4, checkpoint_dir="ck",
+                     checkpoint_every=2)
+    res = two_ranks(tmp_path, tmp_path / "ep2.json", "none", str(job))
+    assert all(r["rc"] == 0 for r in res), P._fmt(res)
+    never = json.loads((tmp_path / "ep2.json").read_text())["losses"]
+    ck = tmp_path / "ck" / checkpoint_name(2)
+    import torch.distributed.checkpoint as dcp
+
+    meta = dcp.FileSystemReader(str(ck)).read_metadata().state_dict_metadata
+    experts = meta["model.model.layers.0.mlp.experts.gate_up_proj"]
+    assert tuple(experts.size)[0] == 8 and sorted(tuple(c.offsets)[0] for c in experts.chunks) == [0, 4]
+    got = train_one(load_job(str(write_job(tmp_path, "one", model=MOE, steps=4, resume=str(ck)))), out=quiet())
+    assert got["losses"][:2] == never[:2]
     for a, b in zip(got["losses"][2:], never[2:], strict=True):
         assert abs(a - b) <= CROSS_LAYOUT_TOL * abs(b), (got["losses"], never)
 
@@ -203,11 +234,6 @@ def test_malformed_checkpoint_fields_are_reported_together(tmp_path, nothing_bui
         "train.resume: true resumes from the latest checkpoint in train.checkpoint_dir, which is not set: set "
         "checkpoint_dir, or give resume: PATH of a checkpoint",
     )
-    path = write_job(tmp_path, "ep", parallel={"dp_shard": 2, "ep": 2}, model={"architecture": "qwen3_moe"},
-                     checkpoint_dir="ck")
-    with pytest.raises(TrainConfigError, match=r"with parallel.ep 2 is not supported yet .*use ep: 1, or train "
-                                               r"without checkpoints"):
-        load_job(str(path))
 
 
 def test_resume_with_no_checkpoint_says_so(tmp_path, capsys, nothing_built):

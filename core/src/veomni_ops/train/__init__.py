@@ -50,7 +50,7 @@ none; ``resume: auto`` then starts from step 0), ``resume: PATH`` (``--resume PA
 checkpoint: the losses are those of a run never stopped (bitwise in float32, same layout), and
 a checkpoint written under one layout loads under another (``dp_shard: 2`` -> one process).
 The result reports the whole loss curve, with ``first_step`` and ``resumed_from``. Baselines
-neither write nor resume checkpoints. Not yet with ``parallel.ep > 1``.
+neither write nor resume checkpoints.
 
 ``train.compile: true`` binds with ``veomni_ops.apply(model, ops, compile=True)`` (``auto``
 then picks only kernels that support torch.compile) and wraps the model in

@@ -35,9 +35,12 @@ restored (a rank the checkpoint has none for, when there are more ranks than wro
 rank 0's: a fresh job seeds every rank alike too), the job's ``train.lr`` applies, and the run
 reports the whole loss curve: the checkpoint's losses, then its own.
 
-Not yet: checkpoints with ``parallel.ep > 1`` (each rank holds a slice of the experts that is
-not a DTensor of the whole expert tensor, so DCP would not know where it goes), and keeping only
-the last N checkpoints (every one is kept).
+Under ``parallel.ep > 1`` each rank holds ``E / ep`` experts (FSDP2-sharded over the ranks that
+own the same ones), a DTensor of that slice only: the checkpoint writes it as its part of all
+``E`` experts (:meth:`Checkpointer._whole_experts`), so that DCP places it, and an expert
+checkpoint loads under another ``ep`` or in one process, and the reverse.
+
+Not yet: keeping only the last N checkpoints (every one is kept).
 """
 
 from __future__ import annotations
@@ -166,6 +169,7 @@ class Checkpointer:
         self.opt, self.rt, self.out = opt, rt, out
         self.rank = rt.rank if rt is not None else 0
         self.device = str(device)
+        self._mesh = None  # the (ep, edp) mesh of the experts, made on first use (ep > 1)
 
     # -- what it holds -------------------------------------------------------------------------
     def _options(self):
@@ -177,6 +181,45 @@ class Checkpointer:
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         return get_state_dict(self.model, self.opt, options=self._options())
+
+    def _whole_experts(self, state: dict[str, Any], key) -> dict[str, Any]:
+        """``state`` with every expert tensor of this rank (``ep > 1``: its FSDP2 shard, over the
+        ranks that own the same experts, of its ``E / ep`` experts) as its part of the whole
+        ``E`` experts: a DTensor over the ranks as an (ep, edp) mesh, sharded on the experts by
+        both (ep outer: expert group rank j owns experts [j E/ep, (j+1) E/ep)), sharing the
+        storage. DCP then places it (and another layout reads it) like any other shard."""
+        names = self.rt.expert_params if self.rt is not None else frozenset()
+        if not names:
+            return state
+        import torch
+        from torch.distributed.tensor import DTensor, Shard
+
+        mesh = self._expert_mesh()
+        out = dict(state)
+        for k, v in state.items():
+            if key(k) in names and isinstance(v, DTensor):
+                shape = torch.Size((v.shape[0] * self.rt.layout.ep, *v.shape[1:]))
+                out[k] = DTensor.from_local(v.to_local(), mesh, [Shard(0), Shard(0)], run_check=False, shape=shape,
+                                            stride=torch.empty(shape, device="meta").stride())
+        return out
+
+    def _expert_mesh(self):
+        if self._mesh is None:
+            import torch
+            from torch.distributed.device_mesh import DeviceMesh
+
+            ep, world = self.rt.layout.ep, self.rt.world_size
+            ranks = torch.arange(world).reshape(world // ep, ep).T  # [ep coordinate, edp coordinate]
+            kind = "cuda" if self.device.startswith("cuda") else "cpu"
+            self._mesh = DeviceMesh(kind, ranks, mesh_dim_names=("ep", "edp"))
+        return self._mesh
+
+    def _sharded_state(self) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
+        """(model, optimizer) state dicts as the model and optimizer take them, and as DCP
+        writes and reads them (the same, but for the experts: :meth:`_whole_experts`)."""
+        msd, osd = self._state()
+        return (msd, osd, self._whole_experts(msd, lambda k: k),
+                self._whole_experts(osd, lambda k: k.removeprefix("state.").rpartition(".")[0]))
 
     def _rng(self) -> dict[str, Any]:
         import torch
@@ -222,7 +265,7 @@ class Checkpointer:
             os.makedirs(self.directory, exist_ok=True)
             shutil.rmtree(tmp, ignore_errors=True)  # a save of this step that a killed run left half-written
         self._barrier()
-        msd, osd = self._state()
+        _, _, msd, osd = self._sharded_state()
         with self._dcp():
             dcp.save({"model": msd, "optim": osd, "rng": {f"rank{self.rank}": self._rng()}}, checkpoint_id=tmp,
                      no_dist=self.rt is None)
@@ -257,16 +300,21 @@ class Checkpointer:
 
         info = read_info(path)
         self._check_job(path, info, vocab)
-        msd, osd = self._state()
+        msd, osd, whole_msd, whole_osd = self._sharded_state()
         meta = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
-        self._check_tensors(path, info, meta, {**_prefixed("model", msd), **_prefixed("optim", osd)})
+        self._check_tensors(path, info, meta, {**_prefixed("model", whole_msd), **_prefixed("optim", whole_osd)})
         who = f"rank{self.rank}" if f"rng.rank{self.rank}.cpu" in meta else "rank0"
         mine = self._rng()
         rng = {k: torch.empty(tuple(meta[f"rng.{who}.{k}"].size), dtype=torch.uint8)  # type: ignore[union-attr]
                for k in mine if f"rng.{who}.{k}" in meta}
         with self._dcp():
-            dcp.load({"model": msd, "optim": osd, "rng": {who: rng}}, checkpoint_id=path, no_dist=self.rt is None)
-        set_state_dict(self.model, self.opt, model_state_dict=msd, optim_state_dict=osd, options=self._options())
+            dcp.load({"model": whole_msd, "optim": whole_osd, "rng": {who: rng}}, checkpoint_id=path,
+                     no_dist=self.rt is None)
+        # DCP loaded tensors in place (the experts' views share their storage) and values (the
+        # optimizer's hyperparameters) into the dicts it was given: take those, with the tensors
+        # the model and optimizer have
+        set_state_dict(self.model, self.opt, model_state_dict=_unviewed(whole_msd, msd),
+                       optim_state_dict=_unviewed(whole_osd, osd), options=self._options())
         for group in self.opt.param_groups:  # the job's hyperparameters, the checkpoint's state
             group["lr"] = float(self.train["lr"])
         torch.set_rng_state(rng["cpu"])
@@ -323,6 +371,11 @@ class Checkpointer:
         raise TrainConfigError(f"{path}: the checkpoint is of another model (written by {written}): "
                                f"{'; '.join(parts)}. Resume with the model it was written for, or train this one into "
                                "a fresh checkpoint_dir")
+
+
+def _unviewed(loaded: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
+    """``loaded``, with the model's (or optimizer's) own tensor where it held a view of it."""
+    return {k: own[k] if v is not own[k] and hasattr(own[k], "shape") else v for k, v in loaded.items()}
 
 
 def _prefixed(prefix: str, state: dict[str, Any]) -> dict[str, Any]:

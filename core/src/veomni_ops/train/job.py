@@ -75,7 +75,7 @@ def load_job(path: str, here: bool = True) -> dict[str, Any]:
     job = _load_model(path, model, problems)
     job["train"] = train = _load_train(data.get("train"), problems, here)
     job["parallel"] = _load_parallel(data.get("parallel"), train, problems)
-    problems += _load_checkpointing(path, train, job["parallel"], here)
+    problems += _load_checkpointing(path, train, here)
     try:
         job["lock"] = job_lock(path, data.get("lock"))
     except TrainConfigError as e:
@@ -205,12 +205,12 @@ def _load_train(section: Any, problems: list[str], here: bool) -> dict[str, Any]
 
 def check_checkpointing(job: dict[str, Any]) -> None:
     """Check the job's checkpoint fields again (after an option changed them, e.g. ``--resume``)."""
-    problems = _load_checkpointing(job["path"], job["train"], job.get("parallel"), True)
+    problems = _load_checkpointing(job["path"], job["train"], True)
     if problems:
         raise TrainConfigError(f"{job['path']}: " + "; ".join(problems), problems)
 
 
-def _load_checkpointing(path: str, train: dict[str, Any], layout, here: bool) -> list[str]:
+def _load_checkpointing(path: str, train: dict[str, Any], here: bool) -> list[str]:
     """train.checkpoint_dir, checkpoint_every and resume (:mod:`veomni_ops.train.checkpoint`):
     paths made absolute (relative ones are the YAML's folder's); with ``here``, that the
     checkpoint ``resume`` names is there. Returns the problems."""
@@ -224,10 +224,6 @@ def _load_checkpointing(path: str, train: dict[str, Any], layout, here: bool) ->
     elif every and train["checkpoint_dir"] is None:
         problems.append("train.checkpoint_every needs train.checkpoint_dir: the folder to write the checkpoints into")
     problems += _resume(path, train)
-    if layout is not None and layout.ep > 1 and (train["checkpoint_dir"] is not None or train["resume"] is not False):
-        problems.append(f"train.checkpoint_dir / resume with parallel.ep {layout.ep} is not supported yet (each rank "
-                        "holds a slice of the experts that torch.distributed.checkpoint cannot place); use ep: 1, or "
-                        "train without checkpoints")
     if here and not problems:
         try:
             find_resume(train)
