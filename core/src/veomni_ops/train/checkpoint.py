@@ -321,8 +321,12 @@ class Checkpointer:
         if "cuda" in rng:
             torch.cuda.set_rng_state(rng["cuda"], torch.device(self.device))
         step, losses = int(info["step"]), [float(x) for x in info.get("losses", [])]
-        print(f"resumed: step {step} <- {path}" + (f" (written by {info['world_size']} process(es))"
-                                                   if info.get("world_size") else ""), file=self.out, flush=True)
+        written = (info.get("model") or {}).get("dtype")
+        notes = [f"written by {info['world_size']} process(es)"] if info.get("world_size") else []
+        if written and written != self.train["dtype"]:
+            notes.append(f"written in {written}, cast to {self.train['dtype']}")
+        print(f"resumed: step {step} <- {path}" + (f" ({'; '.join(notes)})" if notes else ""), file=self.out,
+              flush=True)
         return step, losses
 
     def _check_job(self, path: str, info: dict[str, Any], vocab: int) -> None:
