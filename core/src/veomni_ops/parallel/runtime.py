@@ -289,6 +289,11 @@ class ParallelRuntime:
         return float(t)
 
     # -- inspection ------------------------------------------------------------------------------
+    @property
+    def expert_params(self) -> frozenset[str]:
+        """The names of the parameters of which this rank holds its ``E / ep`` experts (``ep > 1``)."""
+        return frozenset(self._expert_params)
+
     def gather_full(self, model: nn.Module, grads: bool = False) -> dict[str, torch.Tensor]:
         """Every parameter (or its gradient) whole, on every rank: FSDP shards gathered, expert
         slices gathered over the expert group. A collective: call it on every rank."""

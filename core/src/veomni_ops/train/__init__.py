@@ -10,7 +10,8 @@ binds it, and trains N steps of AdamW on synthetic token data.
       config: {num_hidden_layers: 4}          # optional: overrides of the config's fields
       ops_implementation: {rms_norm_implementation: auto, ...}
     train: {batch_size: 4, seq_len: 128, steps: 20, lr: 1.0e-3, dtype: float32, device: auto, seed: 0,
-            compile: false}
+            compile: false,
+            checkpoint_dir: ckpt, checkpoint_every: 100, resume: false}   # optional: sharded checkpoints
     parallel: {dp_shard: 2, sp: 2, ep: 2}    # optional: FSDP2 / Ulysses / experts over torchrun's processes
     lock: qwen3-small.lock.json              # optional: a plan lock (veomni-ops tune), relative to this YAML
 
@@ -38,6 +39,18 @@ The model's shapes come from one of two places:
 
 ``config`` (a mapping) overrides fields of either, before the config is built (a shorter
 ``num_hidden_layers`` also shortens a file's ``layer_types``).
+
+Checkpoints (:mod:`~veomni_ops.train.checkpoint`, PyTorch's ``torch.distributed.checkpoint``):
+with ``train.checkpoint_dir`` (relative: to the YAML's folder), the model, the optimizer, the
+data position and every rank's RNG state are written every ``checkpoint_every`` steps (0, the
+default: none before the end) and at the last step, each into ``step-N/``, complete or not at
+all (a save killed midway leaves ``step-N.partial/``, never resumed from). ``resume: true`` (or
+``--resume``) continues from the latest complete one in checkpoint_dir (an error where there is
+none; ``resume: auto`` then starts from step 0), ``resume: PATH`` (``--resume PATH``) from that
+checkpoint: the losses are those of a run never stopped (bitwise in float32, same layout), and
+a checkpoint written under one layout loads under another (``dp_shard: 2`` -> one process).
+The result reports the whole loss curve, with ``first_step`` and ``resumed_from``. Baselines
+neither write nor resume checkpoints.
 
 ``train.compile: true`` binds with ``veomni_ops.apply(model, ops, compile=True)`` (``auto``
 then picks only kernels that support torch.compile) and wraps the model in
@@ -70,7 +83,8 @@ overrides train.steps of every run; ``--json`` prints everything as JSON on stdo
 
 The package, one concern a module: :mod:`~veomni_ops.train.job` (the YAML),
 :mod:`~veomni_ops.train.model` (model, data, device), :mod:`~veomni_ops.train.baselines`,
-:mod:`~veomni_ops.train.loop` (one run, in this process or a child), :mod:`~veomni_ops.train.report`
+:mod:`~veomni_ops.train.loop` (one run, in this process or a child),
+:mod:`~veomni_ops.train.checkpoint` (saving and resuming), :mod:`~veomni_ops.train.report`
 (the loss check, ratios, chart) and :mod:`~veomni_ops.train.command` (``configure``, ``run``).
 Nothing here imports torch at module level: the CLI imports this package to build its parser.
 """

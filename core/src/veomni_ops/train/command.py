@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 from .baselines import BASELINES, check_baseline, compile_apply
-from .job import RunFailed, TrainConfigError, load_job
+from .job import RunFailed, TrainConfigError, check_checkpointing, load_job
 from .loop import is_parallel, rank, run_child, train_one
 from .report import LOSS_TOL_FP32, LOSS_TOL_LOW_PRECISION, compare, finite_json, plot, print_report, report
 
@@ -61,6 +61,10 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help="what an ops_implementation field a job omits is: auto (default), or VeOmni's default for "
                         "it (as veomni-ops resolve --defaults veomni), which then means on the device what it means "
                         "in VeOmni there; applies to CONFIG and --compare OTHER")
+    p.add_argument("--resume", nargs="?", const=True, metavar="PATH",
+                   help="resume CONFIG's job from the latest complete checkpoint in its train.checkpoint_dir "
+                        "(train.resume: true), or from the checkpoint PATH (or the latest in the folder PATH): the "
+                        "model, optimizer, data position and RNG; the losses continue as if never stopped")
     p.add_argument("--result-file", help=argparse.SUPPRESS)
     p.add_argument("--as-baseline", choices=list(BASELINES), help=argparse.SUPPRESS)
 
@@ -72,6 +76,9 @@ def _load(path: str, args: argparse.Namespace, main: bool = True) -> dict[str, A
         from ..lock import LockFile
 
         job["lock"] = LockFile(args.lock, explicit=True, origin="--lock")
+    if main and getattr(args, "resume", None) is not None:
+        job["train"]["resume"] = True if args.resume is True else os.path.abspath(args.resume)
+        check_checkpointing(job)
     if args.seed is not None:
         job["train"]["seed"] = args.seed
     if args.steps is not None:
@@ -146,8 +153,9 @@ def run(args: argparse.Namespace) -> int:
         runs = []
         for i, (path, baseline, title) in enumerate(specs):
             print(f"== {title}", file=human, flush=True)
-            lock = {"lock": args.lock} if i == 0 and args.lock else {}  # --lock is CONFIG's
-            runs.append(run_child(path, seed, args.steps, baseline, defaults=args.defaults, **lock))
+            mine = {"lock": args.lock, "resume": args.resume} if i == 0 else {}  # --lock and --resume are CONFIG's
+            runs.append(run_child(path, seed, args.steps, baseline, defaults=args.defaults,
+                                  **{k: v for k, v in mine.items() if v}))
     rep = report(runs, list(range(1, len(runs))), args.loss_tol)
     if args.plot:
         plot(runs, rep, args.plot)

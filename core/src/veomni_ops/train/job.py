@@ -29,7 +29,8 @@ SIZES: dict[str, dict[str, Any]] = {
 }
 
 TRAIN_DEFAULTS: dict[str, Any] = dict(batch_size=4, seq_len=128, steps=20, lr=1e-3, dtype="float32",
-                                      device="auto", seed=0, compile=False)
+                                      device="auto", seed=0, compile=False,
+                                      checkpoint_dir=None, checkpoint_every=0, resume=False)
 
 
 #: What train.dtype may be (torch dtype names), and spellings people write for them.
@@ -80,6 +81,7 @@ def load_job(path: str, here: bool = True, defaults: str = "auto") -> dict[str, 
     job = _load_model(path, model, problems, defaults)
     job["train"] = train = _load_train(data.get("train"), problems, here)
     job["parallel"] = _load_parallel(data.get("parallel"), train, problems)
+    problems += _load_checkpointing(path, train, here)
     try:
         job["lock"] = job_lock(path, data.get("lock"))
     except TrainConfigError as e:
@@ -208,6 +210,69 @@ def _load_train(section: Any, problems: list[str], here: bool) -> dict[str, Any]
     return train
 
 
+def check_checkpointing(job: dict[str, Any]) -> None:
+    """Check the job's checkpoint fields again (after an option changed them, e.g. ``--resume``)."""
+    problems = _load_checkpointing(job["path"], job["train"], True)
+    if problems:
+        raise TrainConfigError(f"{job['path']}: " + "; ".join(problems), problems)
+
+
+def _load_checkpointing(path: str, train: dict[str, Any], here: bool) -> list[str]:
+    """train.checkpoint_dir, checkpoint_every and resume (:mod:`veomni_ops.train.checkpoint`):
+    paths made absolute (relative ones are the YAML's folder's); with ``here``, that the
+    checkpoint ``resume`` names is there. Returns the problems."""
+    from .checkpoint import find_resume
+
+    problems = _checkpoint_dir(path, train)
+    every = train["checkpoint_every"]
+    if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+        problems.append(f"train.checkpoint_every must be a whole number of steps >= 0 (0: a checkpoint at the last "
+                        f"step only), got {every!r}")
+    elif every and train["checkpoint_dir"] is None:
+        problems.append("train.checkpoint_every needs train.checkpoint_dir: the folder to write the checkpoints into")
+    problems += _resume(path, train)
+    if here and not problems:
+        try:
+            find_resume(train)
+        except TrainConfigError as e:
+            problems.append(str(e))
+    return problems
+
+
+def _checkpoint_dir(path: str, train: dict[str, Any]) -> list[str]:
+    folder = train["checkpoint_dir"]
+    if folder is None:
+        return []
+    if not isinstance(folder, str) or not folder.strip():
+        return [f"train.checkpoint_dir must be the path of a folder to write checkpoints into, not {folder!r}"]
+    folder = train["checkpoint_dir"] = _job_path(path, folder)
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        return [f"train.checkpoint_dir {folder} is a file, not a folder: name a folder (it is made where it is "
+                "missing)"]
+    return []
+
+
+def _resume(path: str, train: dict[str, Any]) -> list[str]:
+    resume = train["resume"]
+    if resume is None or resume is False:
+        train["resume"] = False
+    elif resume is True or resume == "auto":
+        if train["checkpoint_dir"] is None:
+            return [f"train.resume: {'true' if resume is True else resume} resumes from the latest checkpoint in "
+                    "train.checkpoint_dir, which is not set: set checkpoint_dir, or give resume: PATH of a checkpoint"]
+    elif isinstance(resume, str) and resume.strip():
+        train["resume"] = _job_path(path, resume)
+    else:
+        return [f"train.resume must be true (the latest checkpoint in checkpoint_dir), auto (the same, or a fresh "
+                f"start where there is none), false, or the path of a checkpoint; got {resume!r}"]
+    return []
+
+
+def _job_path(path: str, value: str) -> str:
+    """``value``, a path in the job file ``path``, made absolute (relative: to the file's folder)."""
+    return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)), os.path.expanduser(value)))
+
+
 def job_lock(path: str, value: Any):
     """The job's ``lock: PATH`` key (relative to the YAML's folder) as a found lock
     (:class:`veomni_ops.lock.LockFile`, not explicit: a missing or mismatched file is ignored with a
@@ -219,8 +284,7 @@ def job_lock(path: str, value: Any):
     if not isinstance(value, str) or not value.strip():
         raise TrainConfigError(f"{path}: lock must be the path of a plan lock file (veomni-ops tune writes one), "
                                f"not {value!r}")
-    where = os.path.join(os.path.dirname(os.path.abspath(path)), os.path.expanduser(value))
-    return LockFile(os.path.normpath(where), explicit=False, origin=f"lock: in {path}")
+    return LockFile(_job_path(path, value), explicit=False, origin=f"lock: in {path}")
 
 
 def _learning_rate(value: Any, problems: list[str]) -> Any:

@@ -131,13 +131,25 @@ def _train(job: dict[str, Any], out, baseline: str | None = None, rt=None) -> di
     model.train()
     lr = float(t["lr"])
     opt = torch.optim.AdamW(model.parameters(), lr=lr) if rt is None else rt.adamw(model, lr)
+    steps, b, s = int(t["steps"]), int(t["batch_size"]), int(t["seq_len"])
+    vocab = model.config.vocab_size
+    # Checkpoints (train.checkpoint_dir / resume; never for a baseline, a measurement of another stack):
+    # a resumed run starts after the checkpoint's step, with its losses so far.
+    start, ckpt, source = 0, None, None
+    losses: list[float] = []
+    if baseline is None and (t.get("checkpoint_dir") or t.get("resume")):
+        from .checkpoint import Checkpointer, find_resume
+
+        ckpt = Checkpointer(job, model, opt, device, rt, out)
+        source = find_resume(t)
+        if source is not None:
+            start, losses = ckpt.load(source, vocab)
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
-    steps, b, s = int(t["steps"]), int(t["batch_size"]), int(t["seq_len"])
     warmup = 2 if facts["compiled"] else 1  # allocation and autotuning; compilation too when compiled
-    losses, rates = [], []
+    rates: list[float] = []
     width = 20
-    for i, ids in enumerate(synthetic_batches(model.config.vocab_size, b, s, steps, t["seed"], device)):
+    for i, ids in enumerate(synthetic_batches(vocab, b, s, steps, t["seed"], device, start), start=start):
         t0 = time.perf_counter()
         # Under a parallel layout each rank trains its rows and sequence slice of the same global batch.
         outp = model(input_ids=ids, labels=ids) if rt is None else model(**rt.shard_batch(ids))
@@ -152,15 +164,19 @@ def _train(job: dict[str, Any], out, baseline: str | None = None, rt=None) -> di
         peak, what = peak_bytes(device)
         done = (i + 1) * width // steps
         print(f"[{'#' * done}{'.' * (width - done)}] step {i + 1:>3}/{steps}  loss {loss:8.4f}  "
-              f"{rate:10.0f} tok/s  {what} {peak / 2**30:6.2f} GiB" + ("  (warm-up)" if i < warmup else ""),
+              f"{rate:10.0f} tok/s  {what} {peak / 2**30:6.2f} GiB" + ("  (warm-up)" if i - start < warmup else ""),
               file=out, flush=True)
+        if ckpt is not None and ckpt.due(i + 1):
+            ckpt.save(i + 1, losses, vocab)
     peak, what = peak_bytes(device)
     stats = rate_stats(rates, warmup)
+    stats["timed_steps"] = [n + start for n in stats["timed_steps"]]  # steps of the job (a resumed run's start late)
     result = {
         "run": baseline or os.path.basename(job["path"]), "config": job["path"], "baseline": baseline,
         "architecture": job["architecture"], "size": job["size"], "config_file": job.get("config_file"),
         "device": device, "dtype": t["dtype"], "steps": steps, "batch_size": b, "seq_len": s, "seed": t["seed"],
         **facts, "losses": losses, "final_loss": losses[-1] if losses else float("nan"),
+        "first_step": start + 1, "resumed_from": source, "checkpoint_dir": t.get("checkpoint_dir"),
         **stats, "step_tokens_per_s": rates, "peak_gib": peak / 2**30, "peak_kind": what,
     }
     lo, hi = stats["timed_steps"]
@@ -172,9 +188,10 @@ def _train(job: dict[str, Any], out, baseline: str | None = None, rt=None) -> di
 
 
 def run_child(path: str, seed: int | None, steps: int | None = None, baseline: str | None = None,
-              lock: str | None = None, defaults: str = "auto") -> dict[str, Any]:
-    """Train ``path`` (as ``baseline`` if given; with the plan lock ``lock`` passed as ``--lock``, and
-    ``--defaults``) in a fresh process so its peak memory is its own."""
+              lock: str | None = None, defaults: str = "auto", resume: str | bool | None = None) -> dict[str, Any]:
+    """Train ``path`` (as ``baseline`` if given; with the plan lock ``lock`` passed as ``--lock``,
+    ``--defaults``, and ``resume`` as ``--resume``: True, or a path) in a fresh process so its peak
+    memory is its own."""
     with tempfile.NamedTemporaryFile("r", suffix=".json", delete=False) as fh:
         out_path = fh.name
     cmd = [sys.executable, "-m", "veomni_ops.cli", "train", path, "--result-file", out_path]
@@ -188,6 +205,8 @@ def run_child(path: str, seed: int | None, steps: int | None = None, baseline: s
         cmd += ["--lock", lock]
     if defaults != "auto":
         cmd += ["--defaults", defaults]
+    if resume is not None and baseline is None:
+        cmd += ["--resume"] + ([] if resume is True else [os.path.abspath(str(resume))])
     try:
         try:
             sink: int | None = sys.stderr.fileno()

@@ -55,15 +55,19 @@ def build_model(job: dict[str, Any], device: str = "cpu", attn_implementation: s
         return getattr(transformers, ARCHITECTURES[job["architecture"]][1])(cfg)
 
 
-def synthetic_batches(vocab: int, batch: int, seq: int, steps: int, seed: int, device):
-    """Learnable synthetic data: arithmetic progressions mod vocab with a random start and stride."""
+def synthetic_batches(vocab: int, batch: int, seq: int, steps: int, seed: int, device, start: int = 0):
+    """Learnable synthetic data: arithmetic progressions mod vocab with a random start and stride.
+    ``start``: the batches of steps ``start + 1 .. steps`` only, the same as those of a run from
+    step 0 (the earlier ones are drawn and dropped): where a resumed run's data stands."""
     import torch
 
     g = torch.Generator().manual_seed(seed + 1)
-    for _ in range(steps):
-        start = torch.randint(0, vocab, (batch, 1), generator=g)
+    for i in range(steps):
+        first = torch.randint(0, vocab, (batch, 1), generator=g)
         stride = torch.randint(1, 8, (batch, 1), generator=g)
-        ids = (start + stride * torch.arange(seq)) % vocab
+        if i < start:
+            continue
+        ids = (first + stride * torch.arange(seq)) % vocab
         yield ids.to(device)
 
 

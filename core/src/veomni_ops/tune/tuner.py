@@ -83,7 +83,8 @@ class StepTimer:
         from ..train.loop import train_one
 
         job = dict(self.setup.job)
-        job["train"] = {**job["train"], "steps": self.warmup + self.steps}
+        # a trial measures: it neither resumes nor writes the job's checkpoints
+        job["train"] = {**job["train"], "steps": self.warmup + self.steps, "checkpoint_dir": None, "resume": False}
         job["lock"] = trial.lock
         if self.setup.compile:
             torch._dynamo.reset()  # each trial compiles its own model: no cache limit, no stale graph

@@ -1,0 +1,421 @@
+"""Sharded checkpoints of a ``veomni-ops train`` job, with PyTorch's own
+``torch.distributed.checkpoint`` (DCP), and resuming from them.
+
+    train:
+      checkpoint_dir: ckpt     # one folder per checkpoint: ckpt/step-00000004/ (relative: to the YAML's folder)
+      checkpoint_every: 100    # every N steps, and at the last step; 0 (the default): at the last step only
+      resume: true             # the latest complete checkpoint in checkpoint_dir (an error if there is none);
+                               # auto: the same, or from step 0 where there is none; PATH: that checkpoint
+                               # (or the latest in that folder); false (the default): from step 0
+
+(``veomni-ops train JOB --resume`` is ``resume: true``; ``--resume PATH`` is ``resume: PATH``.)
+
+**What a checkpoint holds.** The model and the optimizer as
+``torch.distributed.checkpoint.state_dict.get_state_dict`` gives them: under a layout each rank's
+FSDP2 shards (DTensors), each written by the rank that holds it; in one process the whole
+tensors. The optimizer state (AdamW's moments and step) is keyed by parameter name
+(``flatten_optimizer_state_dict``), so it does not depend on how the parameters are grouped.
+Every rank's RNG state (torch's CPU generator, and the CUDA generator of its GPU where it trains
+on one). And, in ``veomni_ops.json`` (rank 0): the step, the losses so far, the data position's
+identity (the synthetic batches, :func:`~veomni_ops.train.model.synthetic_batches`, are a
+function of ``train.seed``, ``batch_size``, ``seq_len`` and the vocabulary: the position is the
+step), the model and layout it was written by, and versions.
+
+**Complete or absent.** Every rank writes into ``step-N.partial/``; once DCP has written its
+``.metadata`` (after every rank's data), rank 0 writes ``veomni_ops.json``, renames the folder
+to ``step-N`` (one atomic rename) and every rank waits for that. A run killed mid-save leaves a
+``.partial`` folder, which resuming never picks and the next save of that step replaces.
+
+**Resuming.** The model and optimizer are built as for a fresh run, then checked against the
+checkpoint: every parameter's and optimizer tensor's name and global shape (a checkpoint of
+another model is refused, naming the differences), the data's identity, and that steps are
+left. DCP then reads each rank's part, whatever layout wrote it (written under ``dp_shard: 2``,
+read in one process, or the reverse). The data continues at the next batch, the RNG states are
+restored (a rank the checkpoint has none for, when there are more ranks than wrote it, takes
+rank 0's: a fresh job seeds every rank alike too), the job's ``train.lr`` applies, and the run
+reports the whole loss curve: the checkpoint's losses, then its own.
+
+Under ``parallel.ep > 1`` each rank holds ``E / ep`` experts (FSDP2-sharded over the ranks that
+own the same ones), a DTensor of that slice only: the checkpoint writes it as its part of all
+``E`` experts (:meth:`Checkpointer._whole_experts`), so that DCP places it, and an expert
+checkpoint loads under another ``ep`` or in one process, and the reverse.
+
+Not yet: keeping only the last N checkpoints (every one is kept).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import sys
+import time
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+from .job import TrainConfigError
+
+#: the file of a checkpoint that says what wrote it (rank 0 writes it last, before the rename)
+INFO = "veomni_ops.json"
+#: DCP's own file, written once every rank's data is
+DCP_METADATA = ".metadata"
+PARTIAL = ".partial"
+FORMAT = 1
+_NAME = re.compile(r"^step-(\d{8,})$")
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def is_complete(path: str) -> bool:
+    """Is ``path`` a checkpoint whose save finished (named step-N, DCP's metadata and ours in it)?"""
+    return (_NAME.match(os.path.basename(os.path.normpath(path))) is not None
+            and os.path.isfile(os.path.join(path, DCP_METADATA)) and os.path.isfile(os.path.join(path, INFO)))
+
+
+def complete_checkpoints(directory: str) -> list[tuple[int, str]]:
+    """(step, path) of every complete checkpoint in ``directory``, by step."""
+    try:
+        names = os.listdir(directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    found = []
+    for name in names:
+        m = _NAME.match(name)
+        path = os.path.join(directory, name)
+        if m and is_complete(path):
+            found.append((int(m.group(1)), path))
+    return sorted(found)
+
+
+def find_resume(train: dict[str, Any]) -> str | None:
+    """The checkpoint the job's ``train.resume`` names (checked fields, paths absolute), or None
+    (start from step 0). Raises :class:`TrainConfigError` where it names none."""
+    value = train.get("resume", False)
+    if value is False or value is None:
+        return None
+    if value is True or value == "auto":
+        directory = train.get("checkpoint_dir")
+        if not directory:
+            raise TrainConfigError(f"train.resume: {_yaml(value)} resumes from the latest checkpoint in "
+                                   "train.checkpoint_dir, which is not set: set checkpoint_dir, or give resume: PATH "
+                                   "of a checkpoint")
+        found = complete_checkpoints(directory)
+        if found:
+            return found[-1][1]
+        if value == "auto":
+            return None
+        raise TrainConfigError(f"train.resume: true, but {directory} holds no complete checkpoint (a step-N folder "
+                               f"with {DCP_METADATA} and {INFO}){_partials(directory)}: train without resume to "
+                               "write the first (resume: auto resumes where there is one and starts from step 0 "
+                               "where there is none), or point resume: at a checkpoint")
+    path = str(value)
+    if is_complete(path):
+        return path
+    if os.path.isdir(path):
+        found = complete_checkpoints(path)
+        if found:
+            return found[-1][1]
+        if path.endswith(PARTIAL) or os.path.isfile(os.path.join(path, DCP_METADATA)):
+            raise TrainConfigError(f"train.resume: {path} is an incomplete checkpoint (its save was interrupted, or "
+                                   f"it lacks {INFO}): resume from an earlier one")
+        raise TrainConfigError(f"train.resume: {path} is neither a checkpoint nor a folder of checkpoints (step-N "
+                               f"folders){_partials(path)}: give the path of one, or a checkpoint_dir")
+    raise TrainConfigError(f"train.resume: {path} does not exist: give the path of a checkpoint (a step-N folder) or "
+                           "of a checkpoint_dir")
+
+
+def _yaml(value: Any) -> str:
+    return "true" if value is True else str(value)
+
+
+def _partials(directory: str) -> str:
+    try:
+        half = sorted(n for n in os.listdir(directory) if n.endswith(PARTIAL))
+    except OSError:
+        return ""
+    return f"; {', '.join(half)} is an interrupted save, never resumed from" if half else ""
+
+
+def read_info(path: str) -> dict[str, Any]:
+    """The ``veomni_ops.json`` of the checkpoint at ``path``."""
+    file = os.path.join(path, INFO)
+    try:
+        with open(file) as fh:
+            info = json.load(fh)
+    except (OSError, ValueError) as e:
+        raise TrainConfigError(f"{path}: cannot read {INFO} ({e}): not a checkpoint of veomni-ops train, or a "
+                               "damaged one; resume from another") from None
+    if not isinstance(info, dict) or info.get("format") != FORMAT or not isinstance(info.get("step"), int):
+        raise TrainConfigError(f"{file}: not a checkpoint of this veomni-ops (format {FORMAT}); resume from one this "
+                               "version wrote")
+    return info
+
+
+class Checkpointer:
+    """Saves and loads the checkpoints of one run (this rank's part of them): ``model`` and
+    ``opt`` as built for the run on ``device``, ``rt`` its parallel runtime (None: one process)."""
+
+    def __init__(self, job: dict[str, Any], model, opt, device: str, rt=None, out=sys.stderr):
+        t = job["train"]
+        self.job, self.train = job, t
+        self.directory: str | None = t.get("checkpoint_dir")
+        self.every = int(t.get("checkpoint_every") or 0)
+        self.model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper: the names are the model's
+        self.opt, self.rt, self.out = opt, rt, out
+        self.rank = rt.rank if rt is not None else 0
+        self.device = str(device)
+        self._mesh = None  # the (ep, edp) mesh of the experts, made on first use (ep > 1)
+
+    # -- what it holds -------------------------------------------------------------------------
+    def _options(self):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        return StateDictOptions(flatten_optimizer_state_dict=True)
+
+    def _state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        return get_state_dict(self.model, self.opt, options=self._options())
+
+    def _whole_experts(self, state: dict[str, Any], key) -> dict[str, Any]:
+        """``state`` with every expert tensor of this rank (``ep > 1``: its FSDP2 shard, over the
+        ranks that own the same experts, of its ``E / ep`` experts) as its part of the whole
+        ``E`` experts: a DTensor over the ranks as an (ep, edp) mesh, sharded on the experts by
+        both (ep outer: expert group rank j owns experts [j E/ep, (j+1) E/ep)), sharing the
+        storage. DCP then places it (and another layout reads it) like any other shard."""
+        names = self.rt.expert_params if self.rt is not None else frozenset()
+        if not names:
+            return state
+        import torch
+        from torch.distributed.tensor import DTensor, Shard
+
+        mesh = self._expert_mesh()
+        out = dict(state)
+        for k, v in state.items():
+            if key(k) in names and isinstance(v, DTensor):
+                shape = torch.Size((v.shape[0] * self.rt.layout.ep, *v.shape[1:]))
+                out[k] = DTensor.from_local(v.to_local(), mesh, [Shard(0), Shard(0)], run_check=False, shape=shape,
+                                            stride=torch.empty(shape, device="meta").stride())
+        return out
+
+    def _expert_mesh(self):
+        if self._mesh is None:
+            import torch
+            from torch.distributed.device_mesh import DeviceMesh
+
+            ep, world = self.rt.layout.ep, self.rt.world_size
+            ranks = torch.arange(world).reshape(world // ep, ep).T  # [ep coordinate, edp coordinate]
+            kind = "cuda" if self.device.startswith("cuda") else "cpu"
+            self._mesh = DeviceMesh(kind, ranks, mesh_dim_names=("ep", "edp"))
+        return self._mesh
+
+    def _sharded_state(self) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
+        """(model, optimizer) state dicts as the model and optimizer take them, and as DCP
+        writes and reads them (the same, but for the experts: :meth:`_whole_experts`)."""
+        msd, osd = self._state()
+        return (msd, osd, self._whole_experts(msd, lambda k: k),
+                self._whole_experts(osd, lambda k: k.removeprefix("state.").rpartition(".")[0]))
+
+    def _rng(self) -> dict[str, Any]:
+        import torch
+
+        state = {"cpu": torch.get_rng_state()}
+        if self.device.startswith("cuda"):
+            state["cuda"] = torch.cuda.get_rng_state(torch.device(self.device))
+        return state
+
+    def info(self, step: int, losses: list[float], vocab: int) -> dict[str, Any]:
+        import torch
+
+        from .. import __version__
+
+        t, job = self.train, self.job
+        layout = self.rt.layout.to_dict() if self.rt is not None else None
+        return {
+            "format": FORMAT, "step": step, "losses": list(losses),
+            "data": {"seed": t["seed"], "batch_size": t["batch_size"], "seq_len": t["seq_len"], "vocab_size": vocab},
+            "model": {"architecture": job.get("architecture"), "size": job.get("size"),
+                      "config_file": job.get("config_file"), "overrides": job.get("overrides") or {},
+                      "dtype": t["dtype"]},
+            "layout": layout, "world_size": self.rt.world_size if self.rt is not None else 1,
+            "versions": {"torch": torch.__version__, "veomni_ops": __version__},
+            "job": job.get("path"), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+
+    # -- saving --------------------------------------------------------------------------------
+    def due(self, step: int) -> bool:
+        """Is a checkpoint written after ``step`` (every N steps, and the last)?"""
+        return self.directory is not None and (step == int(self.train["steps"]) or
+                                               (self.every > 0 and step % self.every == 0))
+
+    def save(self, step: int, losses: list[float], vocab: int) -> str:
+        """Write the checkpoint of ``step`` (a collective: every rank calls it). Returns its path."""
+        import torch.distributed.checkpoint as dcp
+
+        assert self.directory is not None
+        t0 = time.perf_counter()
+        final = os.path.join(self.directory, checkpoint_name(step))
+        tmp = final + PARTIAL
+        if self.rank == 0:
+            os.makedirs(self.directory, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)  # a save of this step that a killed run left half-written
+        self._barrier()
+        _, _, msd, osd = self._sharded_state()
+        with self._dcp():
+            dcp.save({"model": msd, "optim": osd, "rng": {f"rank{self.rank}": self._rng()}}, checkpoint_id=tmp,
+                     no_dist=self.rt is None)
+        if self.rank == 0:  # DCP's .metadata is written: every rank's data is
+            _write_json(os.path.join(tmp, INFO), self.info(step, losses, vocab))
+            _commit(tmp, final)
+        self._barrier()
+        print(f"checkpoint: step {step} -> {final} ({time.perf_counter() - t0:.2f} s)", file=self.out, flush=True)
+        return final
+
+    @contextlib.contextmanager
+    def _dcp(self) -> Iterator[None]:
+        """Around a DCP call: in one process DCP warns that it assumes one process, which is meant."""
+        with warnings.catch_warnings():
+            if self.rt is None:
+                warnings.filterwarnings("ignore", message="torch.distributed is .*single process")
+            yield
+
+    def _barrier(self) -> None:
+        if self.rt is not None:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    # -- loading -------------------------------------------------------------------------------
+    def load(self, path: str, vocab: int) -> tuple[int, list[float]]:
+        """Load the checkpoint at ``path`` into the model, optimizer and RNG (a collective).
+        Returns (its step, its losses)."""
+        import torch
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        info = read_info(path)
+        self._check_job(path, info, vocab)
+        msd, osd, whole_msd, whole_osd = self._sharded_state()
+        meta = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+        self._check_tensors(path, info, meta, {**_prefixed("model", whole_msd), **_prefixed("optim", whole_osd)})
+        who = f"rank{self.rank}" if f"rng.rank{self.rank}.cpu" in meta else "rank0"
+        mine = self._rng()
+        rng = {k: torch.empty(tuple(meta[f"rng.{who}.{k}"].size), dtype=torch.uint8)  # type: ignore[union-attr]
+               for k in mine if f"rng.{who}.{k}" in meta}
+        with self._dcp():
+            dcp.load({"model": whole_msd, "optim": whole_osd, "rng": {who: rng}}, checkpoint_id=path,
+                     no_dist=self.rt is None)
+        # DCP loaded tensors in place (the experts' views share their storage) and values (the
+        # optimizer's hyperparameters) into the dicts it was given: take those, with the tensors
+        # the model and optimizer have
+        set_state_dict(self.model, self.opt, model_state_dict=_unviewed(whole_msd, msd),
+                       optim_state_dict=_unviewed(whole_osd, osd), options=self._options())
+        for group in self.opt.param_groups:  # the job's hyperparameters, the checkpoint's state
+            group["lr"] = float(self.train["lr"])
+        torch.set_rng_state(rng["cpu"])
+        if "cuda" in rng:
+            torch.cuda.set_rng_state(rng["cuda"], torch.device(self.device))
+        step, losses = int(info["step"]), [float(x) for x in info.get("losses", [])]
+        written = (info.get("model") or {}).get("dtype")
+        notes = [f"written by {info['world_size']} process(es)"] if info.get("world_size") else []
+        if written and written != self.train["dtype"]:
+            notes.append(f"written in {written}, cast to {self.train['dtype']}")
+        print(f"resumed: step {step} <- {path}" + (f" ({'; '.join(notes)})" if notes else ""), file=self.out,
+              flush=True)
+        return step, losses
+
+    def _check_job(self, path: str, info: dict[str, Any], vocab: int) -> None:
+        t = self.train
+        data = info.get("data") or {}
+        ours = {"seed": t["seed"], "batch_size": t["batch_size"], "seq_len": t["seq_len"], "vocab_size": vocab}
+        differ = [f"{k} {data.get(k)!r} there, {v!r} here" for k, v in ours.items() if data.get(k) != v]
+        if differ:
+            raise TrainConfigError(f"{path}: the checkpoint's data differ from this job's ({'; '.join(differ)}): the "
+                                   "synthetic batches, and so where the data stands, depend on train.seed, "
+                                   "batch_size, seq_len and the vocabulary; resume with the values it was written "
+                                   "with, or write a fresh checkpoint_dir")
+        if info["step"] >= int(t["steps"]):
+            raise TrainConfigError(f"{path}: the checkpoint is at step {info['step']} and train.steps is {t['steps']}: "
+                                   "nothing is left to train; raise train.steps (or --steps) to train on")
+
+    def _check_tensors(self, path: str, info: dict[str, Any], meta: dict[str, Any], ours: dict[str, Any]) -> None:
+        """Every tensor of this run's model and optimizer is in the checkpoint with its global
+        shape, and the checkpoint's model has no tensor this one lacks: else an error naming the
+        model's differences (the optimizer's, where the model's are none)."""
+        def shape(x) -> tuple[int, ...] | None:
+            size = getattr(x, "size", None)
+            return tuple(size) if size is not None and not callable(size) else None
+
+        parts = []
+        for prefix, what in (("model.", "parameters"), ("optim.", "optimizer tensors")):
+            mine = {k: v for k, v in ours.items() if k.startswith(prefix)}
+            wrong = [f"{k.removeprefix(prefix)} {list(shape(meta[k]) or [])} there, {list(v.shape)} here"
+                     for k, v in mine.items() if k in meta and shape(meta[k]) != tuple(v.shape)]
+            missing = [k.removeprefix(prefix) for k in mine if k not in meta]
+            extra = [k.removeprefix(prefix) for k, v in meta.items()
+                     if k.startswith(prefix) and k not in mine and shape(v) is not None]
+            for label, names in ((f"{what} of other shapes", wrong), (f"{what} not in the checkpoint", missing),
+                                 (f"{what} only in the checkpoint", extra)):
+                if names:
+                    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+                    parts.append(f"{label}: {', '.join(names[:3])}{more}")
+            if parts:
+                break
+        if not parts:
+            return
+        m = info.get("model") or {}
+        written = m.get("config_file") or f"{m.get('architecture')} {m.get('size')}"
+        if m.get("overrides"):
+            written += f" with config {m['overrides']}"
+        raise TrainConfigError(f"{path}: the checkpoint is of another model (written by {written}): "
+                               f"{'; '.join(parts)}. Resume with the model it was written for, or train this one into "
+                               "a fresh checkpoint_dir")
+
+
+def _unviewed(loaded: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
+    """``loaded``, with the model's (or optimizer's) own tensor where it held a view of it."""
+    return {k: own[k] if v is not own[k] and hasattr(own[k], "shape") else v for k, v in loaded.items()}
+
+
+def _prefixed(prefix: str, state: dict[str, Any]) -> dict[str, Any]:
+    """The tensors of ``state`` under the keys DCP stores them by (``prefix.key``; nested dicts flattened)."""
+    out: dict[str, Any] = {}
+    for k, v in state.items():
+        if isinstance(v, dict):
+            out.update(_prefixed(f"{prefix}.{k}", v))
+        elif hasattr(v, "shape"):
+            out[f"{prefix}.{k}"] = v
+    return out
+
+
+def _write_json(path: str, data: dict[str, Any]) -> None:
+    with open(path, "w") as fh:
+        json.dump(data, fh, indent=1)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _commit(tmp: str, final: str) -> None:
+    """Make the written checkpoint ``tmp`` the checkpoint ``final``: one rename (an older
+    ``final``, from a run that went further before, is moved aside first and then removed)."""
+    old = final + ".old"
+    if os.path.exists(final):
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+    try:  # the rename itself on disk
+        fd = os.open(os.path.dirname(final) or ".", os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
