@@ -50,7 +50,7 @@ EXTERNAL_COMMANDS = {
 
 
 def _remote(dev) -> bool:
-    from .resolve import is_local
+    from .device import is_local
 
     return not is_local(dev)
 
