@@ -127,13 +127,15 @@ def _cmd_resolve(args: argparse.Namespace) -> int:
     from .config import UNMANAGED_FIELDS, OpsConfig
     from .device import current_device
     from .resolve import resolve
+    from .target import Mode, Target
 
     dev = current_device(args.device)
     # The file's own problems and the refusals of its other fields come in one error. For another
     # device than this machine's, no kernel is imported and the requirements that could not be
     # checked are listed (plan.not_checked, under its table): veomni_ops.resolve's code, as is.
     source: Any = args.config if args.defaults == "auto" else OpsConfig.from_yaml(args.config, defaults=args.defaults)
-    plan = resolve(source, dev, training=not args.inference, compile=args.compile, lock=_lock_of(args))
+    plan = resolve(source, Target(dev, mode=Mode.of(training=not args.inference, compile=args.compile)),
+                   lock=_lock_of(args))
     unmanaged = dict(plan.config.unmanaged)
     if args.json:
         out: dict[str, Any] = plan.to_dict()
