@@ -172,7 +172,8 @@ class KernelPlan:
             (e.op, e.variant, e.kernel, f"{e.distribution} {e.version}", e.reason) for e in self.entries
         ]
         title = (f"KernelPlan for {self.device}" + (f" ({self.device.name})" if self.device.name else "")
-                 + f", mode {self.mode.execution}" + (" (torch.compile: supports_compile kernels only)" if self.compile else "")
+                 + f", mode {self.mode.execution}"
+                 + (" (torch.compile: supports_compile kernels only)" if self.compile else "")
                  + (f"; plan lock {self.lock}" if self.lock else ""))
         lines = [title, *text_columns(rows)]
         if self.planned_from is not None:

@@ -141,7 +141,8 @@ class Binding:
         """What ``print(binding)`` shows: one row per bound place (path, op, variant, kernel
         and where it comes from), then the places left to the model's own code, with why."""
         state = "" if self.in_force else " (removed: the model runs its own code again)"
-        head = (f"Binding for {self.plan.device}, mode {self.plan.mode.execution}{state}: {len(self.bound)} place(s) bound"
+        head = (f"Binding for {self.plan.device}, mode {self.plan.mode.execution}{state}: "
+                f"{len(self.bound)} place(s) bound"
                 + (f", {len(self.skipped)} left to the model's own code" if self.skipped else ""))
         rows = [("path", "op", "variant", "kernel")]
         for path, op, variant, kernel in self.bound:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Union
 
 from ..config import AUTO, OpsConfig, config_error, read_any
 from ..device import DeviceInfo, detected_device, is_local
@@ -35,6 +35,9 @@ from .explain import (
 from .load import import_why, try_entry
 from .rank import resolve_auto, resolve_by_lock, variants_for
 
+#: What resolving one op and need gives: its plan entry, or why it cannot be had.
+Outcome = Union[PlanEntry, Refusal]
+
 
 def all_needs(reg: Registry, config: OpsConfig) -> dict[str, list[tuple[str, ...]]]:
     """Without a model: every variant some kernel provides, for every op. For an explicit
@@ -50,7 +53,7 @@ def all_needs(reg: Registry, config: OpsConfig) -> dict[str, list[tuple[str, ...
     return needs
 
 
-def resolve_named(reg: Registry, req: OpRequest) -> PlanEntry | Refusal:
+def resolve_named(reg: Registry, req: OpRequest) -> Outcome:
     """The kernel the config names, in the first of the request's variants it provides and can
     serve here; else a refusal saying why (the first problem found) and how to fix it."""
     kernel, dist = split_name(req.name)
@@ -74,7 +77,7 @@ def resolve_named(reg: Registry, req: OpRequest) -> PlanEntry | Refusal:
                       named_hint(problem, req, rk), cause)
 
 
-def _preferred(reg: Registry, req: OpRequest, got: PlanEntry | Refusal) -> PlanEntry | Refusal:
+def _preferred(reg: Registry, req: OpRequest, got: Outcome) -> Outcome:
     """``auto``'s choice ``got``, or the kernel the need prefers where auto chose another (its
     reason then the need's); a preferred kernel that cannot serve here is refused."""
     prefer = req.need.prefer
@@ -84,7 +87,7 @@ def _preferred(reg: Registry, req: OpRequest, got: PlanEntry | Refusal) -> PlanE
     return dataclasses.replace(alt, requested=AUTO, reason=req.need.why) if isinstance(alt, PlanEntry) else alt
 
 
-def _fallback(reg: Registry, req: OpRequest, refused: Refusal) -> tuple[PlanEntry | Refusal, str | None]:
+def _fallback(reg: Registry, req: OpRequest, refused: Refusal) -> tuple[Outcome, str | None]:
     """The need's fallback kernel where the named one was ``refused``, and the note that says
     so; the refusal as it was where the fallback cannot serve either."""
     fallback = req.need.fallback
@@ -99,12 +102,12 @@ def _fallback(reg: Registry, req: OpRequest, refused: Refusal) -> tuple[PlanEntr
     return alt, f"{req.op}: {kernel} {lacks}; {req.need.why}"
 
 
-def _resolve_op(reg: Registry, req: OpRequest, written: str, lock: PlanLock | None) -> tuple[PlanEntry | Refusal,
-                                                                                              str | None]:
-    """One op and need: the plan entry or the refusal, and a note where a fallback was taken."""
+def _resolve_op(reg: Registry, req: OpRequest, written: str, lock: PlanLock | None) -> tuple[Outcome, str | None]:
+    """One op and need: the plan entry or the refusal, and a note where a fallback was taken.
+    ``written``: what the config says for the op (a VeOmni value is said as what it is here)."""
     if req.name != AUTO:
-        got = resolve_named(reg, dataclasses.replace(
-            req, need=dataclasses.replace(req.need, variants=variants_for(req.op, req.name, req.variants))))
+        ordered = dataclasses.replace(req.need, variants=variants_for(req.op, req.name, req.variants))
+        got = resolve_named(reg, dataclasses.replace(req, need=ordered))
     else:
         got = _preferred(reg, req, resolve_auto(reg, req) if lock is None else resolve_by_lock(reg, req, lock))
     got = as_veomni_means(got, req.op, written, req.device)
@@ -211,6 +214,7 @@ def resolve(
     entries = [e for e in entries if e.op not in left]
     unchecked = () if check_requires else tuple(
         (e.op, e.variant, unmet) for e in entries if (unmet := unmet_requirements(e.spec.requires)))
-    return KernelPlan(dev, cfg, tuple(entries), mode=target.mode, planned_from=None if local else str(detected_device()),
-                      not_checked=unchecked, lock=locked.describe() if locked is not None else None,
+    return KernelPlan(dev, cfg, tuple(entries), mode=target.mode,
+                      lock=locked.describe() if locked is not None else None,
+                      planned_from=None if local else str(detected_device()), not_checked=unchecked,
                       left=tuple(left.items()), notes=tuple(notes))
