@@ -37,7 +37,7 @@ def needy_registry(monkeypatch):
     reg = build_registry([("eager", reference), ("needy", plugin)],
                          include_entry_points=False, env={})
     monkeypatch.setattr(veomni_ops.discovery, "discover", lambda *a, **k: reg)
-    monkeypatch.setattr(RESOLVE, "discover", lambda *a, **k: reg)
+    monkeypatch.setattr(importlib.import_module("veomni_ops.resolve.entry"), "discover", lambda *a, **k: reg)
     monkeypatch.delenv("VEOMNI_OPS_DEVICE", raising=False)
     return reg
 

@@ -41,6 +41,7 @@ from veomni_ops.registry import Provenance, Registry
 from veomni_ops.spec import normalize_name, split_name
 
 resolve_mod = importlib.import_module("veomni_ops.resolve")  # the package's ``resolve`` is the function
+explain_mod = importlib.import_module("veomni_ops.resolve.explain")  # where install hints find the checkout
 
 ANY = HardwareRequirement(("any",))
 CUDA = HardwareRequirement(("cuda",), min_capability=(8, 0))
@@ -269,7 +270,7 @@ def test_the_core_reference_backend_needs_no_declaration():
 
 
 def test_the_npu_hint_names_torch_npu_and_cann(monkeypatch):
-    monkeypatch.setattr(resolve_mod, "_checkout_root", lambda: None)
+    monkeypatch.setattr(explain_mod, "_checkout_root", lambda: None)
     reg = build_registry([("veomni-ops", reference)], include_entry_points=False, env={})
     with pytest.raises(ResolutionError) as ei:
         resolve({"rms_norm_implementation": "npu"}, "npu", registry=reg, needs=STD, load=False)
@@ -368,7 +369,7 @@ def _fake_checkout(tmp_path):
 
 def test_from_a_source_checkout_the_hint_installs_the_plugin_from_it(monkeypatch, tmp_path):
     root = _fake_checkout(tmp_path)
-    monkeypatch.setattr(resolve_mod, "_checkout_root", lambda: root)
+    monkeypatch.setattr(explain_mod, "_checkout_root", lambda: root)
     monkeypatch.chdir(root)
     reg = build_registry([("veomni-ops", reference)], include_entry_points=False, env={})
     with pytest.raises(ResolutionError) as ei:
@@ -388,5 +389,5 @@ def test_from_a_source_checkout_the_hint_installs_the_plugin_from_it(monkeypatch
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
     assert f"pip install -e {root / 'plugins' / 'veomni-liger'} " in resolve_mod.install_hint("liger")
-    monkeypatch.setattr(resolve_mod, "_checkout_root", lambda: None)
+    monkeypatch.setattr(explain_mod, "_checkout_root", lambda: None)
     assert resolve_mod.install_hint("liger") == 'To get it: pip install "veomni-ops[liger]".'

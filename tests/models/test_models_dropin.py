@@ -369,3 +369,24 @@ def test_apply_inside_a_meta_device_block():
         meta = type(ref)(config("qwen3"))
         binding = veomni_ops.apply(meta, {}, device="cpu")
     assert binding.bound == real.veomni_ops_binding.bound
+
+
+def test_apply_resolves_once(monkeypatch):
+    """apply makes one target of the model and resolves it once: the eager attention the model was
+    built with, the logits path of a kernel without logits, and a place auto finds nothing for are
+    all decided in that one resolution."""
+    import veomni_ops.binding as binding
+
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(args[1])
+        return veomni_ops.resolve(*args, **kwargs)
+
+    monkeypatch.setattr(binding, "resolve", counting)
+    moe = build("qwen3_moe", attn_implementation="eager")
+    b = veomni_ops.apply(moe, {"cross_entropy_loss_implementation": "chunked"}, device="cpu", compile=True)
+    assert len(calls) == 1 and isinstance(calls[0], veomni_ops.Target) and calls[0].mode.compile
+    assert b.plan.get("attention", "standard").kernel == "eager"
+    assert b.plan.get("cross_entropy", "logits").kernel == "eager" and "chunked has no logits variant" in str(b)
+    assert any(op == "moe_experts" and why.startswith("auto: ") for _, op, why in b.skipped)

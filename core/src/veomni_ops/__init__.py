@@ -1,7 +1,8 @@
 """veomni-ops: kernel selection for LLM training, with backends as plugins.
 
-    from veomni_ops import OpsConfig, resolve, apply
-    plan = resolve(OpsConfig(rms_norm_implementation="liger"))
+    from veomni_ops import OpsConfig, Target, Mode, resolve, apply
+    plan = resolve(OpsConfig(rms_norm_implementation="liger"))       # for this machine, training, eager
+    plan = resolve(OpsConfig(), Target("cuda:9.0", dtype="bfloat16", mode=Mode.TRAINING | Mode.COMPILE))
     print(plan.table())
     apply(model, plan)
 """
@@ -18,6 +19,7 @@ from .plan import KernelPlan, PlanEntry
 from .registry import ContestedNameError, DuplicateKernelError, LoadFailure, Registry
 from .resolve import ResolutionError, resolve
 from .spec import OPS, HardwareRequirement, KernelSpec, SpecError, Tolerance
+from .target import Mode, Need, Target
 
 __all__ = [
     "OPS",
@@ -30,12 +32,15 @@ __all__ = [
     "KernelPlan",
     "KernelSpec",
     "LoadFailure",
+    "Mode",
+    "Need",
     "OpsConfig",
     "PlanEntry",
     "PluginLoadError",
     "Registry",
     "ResolutionError",
     "SpecError",
+    "Target",
     "Tolerance",
     "apply",
     "build_registry",

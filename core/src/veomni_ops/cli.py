@@ -50,7 +50,7 @@ EXTERNAL_COMMANDS = {
 
 
 def _remote(dev) -> bool:
-    from .resolve import is_local
+    from .device import is_local
 
     return not is_local(dev)
 
@@ -127,6 +127,7 @@ def _cmd_resolve(args: argparse.Namespace) -> int:
     from .config import UNMANAGED_FIELDS, config_error, read_config_file
     from .device import current_device
     from .resolve import ResolutionError, resolve
+    from .target import Mode, Target
 
     dev = current_device(args.device)
     # The file's own problems and the refusals of its other fields come in one error, with VeOmni's
@@ -136,7 +137,8 @@ def _cmd_resolve(args: argparse.Namespace) -> int:
     # checked are listed (plan.not_checked, under its table): veomni_ops.resolve's code, as is.
     cfg, problems = read_config_file(args.config, defaults=args.defaults)
     try:
-        plan = resolve(cfg, dev, training=not args.inference, compile=args.compile, lock=_lock_of(args))
+        plan = resolve(cfg, Target(dev, mode=Mode.of(training=not args.inference, compile=args.compile)),
+                       lock=_lock_of(args))
     except ResolutionError as e:
         if not problems:
             raise

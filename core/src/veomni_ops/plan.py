@@ -11,6 +11,7 @@ from .config import OpsConfig
 from .device import DeviceInfo
 from .registry import RegisteredKernel
 from .spec import KernelSpec
+from .target import Mode
 
 
 @dataclass(frozen=True, eq=False)
@@ -98,8 +99,9 @@ class KernelPlan:
     device: DeviceInfo
     config: OpsConfig
     entries: tuple[PlanEntry, ...]
-    #: resolved for a model that will run under torch.compile (only supports_compile kernels)
-    compile: bool = False
+    #: how the model runs (training or inference, eager or under torch.compile: then only
+    #: supports_compile kernels); the plan's JSON and table name it as ``mode.execution``
+    mode: Mode = Mode.TRAINING | Mode.EAGER
     #: the plan lock in force (``veomni_ops.lock``: which file, how it was named, where it was tuned), if any
     lock: str | None = None
     #: planned for another device than this machine's: this machine's device (e.g. ``cpu``); None here
@@ -107,10 +109,16 @@ class KernelPlan:
     #: per ``(op, variant)``, the requirements of its kernel this machine does not meet and that were
     #: not checked (planning for another machine, whose installed packages cannot be seen from here)
     not_checked: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
+    #: ops on ``auto`` with no kernel usable here, each with why, left to the model's own code
+    #: (resolved for a :class:`~veomni_ops.target.Target` with ``leaves_to_model``)
+    left: tuple[tuple[str, str], ...] = ()
+    #: what resolution took beside what the config names, one sentence each (a need's fallback)
+    notes: tuple[str, ...] = ()
 
     @property
-    def mode(self) -> str:
-        return "compile" if self.compile else "eager"
+    def compile(self) -> bool:
+        """Resolved for a model that runs under torch.compile (only supports_compile kernels)."""
+        return self.mode.compile
 
     def get(self, op: str, variant: str) -> PlanEntry | None:
         for e in self.entries:
@@ -146,7 +154,7 @@ class KernelPlan:
     def to_dict(self) -> dict[str, Any]:
         return {
             "device": self.device.to_dict(),
-            "mode": self.mode,
+            "mode": self.mode.execution,
             "lock": self.lock,
             "config": self.config.to_dict(),
             "entries": [e.to_dict() for e in self.entries],
@@ -164,7 +172,8 @@ class KernelPlan:
             (e.op, e.variant, e.kernel, f"{e.distribution} {e.version}", e.reason) for e in self.entries
         ]
         title = (f"KernelPlan for {self.device}" + (f" ({self.device.name})" if self.device.name else "")
-                 + f", mode {self.mode}" + (" (torch.compile: supports_compile kernels only)" if self.compile else "")
+                 + f", mode {self.mode.execution}"
+                 + (" (torch.compile: supports_compile kernels only)" if self.compile else "")
                  + (f"; plan lock {self.lock}" if self.lock else ""))
         lines = [title, *text_columns(rows)]
         if self.planned_from is not None:

@@ -33,10 +33,11 @@ from torch import nn
 
 from ..config import AUTO, OP_TO_FIELD, OpsConfig, as_config
 from ..device import DeviceInfo, current_device
-from ..lock import LockArg, active_lock
+from ..lock import LockArg
 from ..plan import KernelPlan, PlanEntry, text_columns
-from ..resolve import RefusalKind, ResolutionError, resolve
+from ..resolve import ResolutionError, resolve
 from ..spec import split_name
+from ..target import Mode, Need, Target
 from .binders import BY_OP, Edits, NotBindable, Place, find_places
 from .functions import RebindError, copy_with_globals, library_method
 from .head import causal_lm_forward
@@ -153,7 +154,8 @@ class Binding:
         """What ``print(binding)`` shows: one row per bound place (path, op, variant, kernel
         and where it comes from), then the places left to the model's own code, with why."""
         state = "" if self.in_force else " (removed: the model runs its own code again)"
-        head = (f"Binding for {self.plan.device}, mode {self.plan.mode}{state}: {len(self.bound)} place(s) bound"
+        head = (f"Binding for {self.plan.device}, mode {self.plan.mode.execution}{state}: "
+                f"{len(self.bound)} place(s) bound"
                 + (f", {len(self.skipped)} left to the model's own code" if self.skipped else ""))
         rows = [("path", "op", "variant", "kernel")]
         for path, op, variant, kernel in self.bound:
@@ -250,19 +252,8 @@ def model_needs(model: nn.Module, config: OpsConfig | Mapping[str, Any] | str | 
     need (:func:`needs_of`) and the features they need (:func:`features_of`), over the places
     binding would fill (not those it leaves to the model's or your code)."""
     cfg = as_config(config)
-    places = _prefer_logits_for_eager(cfg, survey(model))
-    places, _ = _usable_places(type(model).__name__, cfg, places)
+    places, _ = _usable_places(type(model).__name__, cfg, survey(model))
     return needs_of(places), features_of(places)
-
-
-def _prefer_logits_for_eager(cfg: OpsConfig, places: list[Place]) -> list[Place]:
-    if _kernel(cfg, "cross_entropy") == "eager":
-        # The reference means "what transformers does": logits, then the loss (and the
-        # logits are returned). Other kernels prefer the fused form, which never holds them.
-        for p in places:
-            if p.op == "cross_entropy":
-                p.variant = ("logits", "fused_linear")
-    return places
 
 
 def _model_dtype(model: nn.Module) -> str | None:
@@ -347,38 +338,27 @@ def apply(
                 current.restore()
             raise
     cfg = _config_of(config_or_plan)
-    dev = config_or_plan.device if isinstance(config_or_plan, KernelPlan) else current_device(device)
-    here = cfg.for_device(dev)  # VeOmni's device-dependent values as the kernels they are on dev
-    places = _prefer_logits_for_eager(here, survey(model))
-    places, skipped = _usable_places(type(model).__name__, here, places)
-    dtype = _model_dtype(model)
-    target: dict[str, Any] = dict(registry=registry, dtype=dtype, training=training, compile=compile,
-                                  parallel=parallel.needs() if parallel is not None else None)
-    if isinstance(config_or_plan, KernelPlan):
-        plan = config_or_plan
-        if compile and not plan.compile:
+    given = config_or_plan if isinstance(config_or_plan, KernelPlan) else None
+    dev = given.device if given is not None else current_device(device)
+    places, skipped = _usable_places(type(model).__name__, cfg.for_device(dev), survey(model))
+    if given is not None:
+        if compile and not given.compile:
             raise BindingError("this plan was resolved without compile=True; resolve it again with compile=True, "
                                "or pass apply(model, config, compile=True)")
         if lock is not None and lock is not False:
             raise BindingError("a plan lock applies when resolving: pass apply(model, config, lock=...), not a "
                                "resolved plan (or resolve the plan with resolve(config, lock=...))")
-        target["compile"] = plan.compile
-        target["lock"] = False  # the plan was resolved already, with its own lock or none
+    # One target for the model: what its places need, in its dtype and mode, under its parallel layout.
+    mode = Mode.of(training=training, compile=given.compile if given is not None else compile)
+    target = Target(dev, dtype=_model_dtype(model), mode=mode, needs=_target_needs(places),
+                    features=features_of(places), parallel=parallel.needs() if parallel is not None else None,
+                    leaves_to_model=True)
+    if given is not None:
+        plan = _with_logits_kernel(given, places, target, registry)
     else:
-        # Found and checked once; every resolution below reads the same lock (or none).
-        target["lock"] = active_lock(lock, dev, compile=compile, dtype=dtype) or False
-        plan, places, no_kernel = _resolve_leaving_auto(type(model).__name__, cfg, dev, places, target)
-        chosen = plan.get("attention", "standard")
-        asked = _asked_for_eager_attention(here, places) if chosen is not None and chosen.kernel != "eager" else None
-        if asked:  # the model asked for eager attention and auto chose another: keep the model's
-            wanted = dataclasses.replace(cfg, attn_implementation="eager")
-            plan, places, no_kernel = _resolve_leaving_auto(type(model).__name__, wanted, dev, places, target)
-            plan = _said_in_plan(plan, "attention", asked)
-        skipped += no_kernel
-    notes: list[str] = []
-    if any(p.op == "cross_entropy" for p in places):
-        plan, note = _with_logits_kernel(plan, cfg, dev, target)
-        notes += [note] if note else []
+        plan, places, skipped = _leave_to_model(_resolve_for(type(model).__name__, cfg, target, registry, lock),
+                                                places, skipped)
+    notes = list(plan.notes)
     if parallel is not None:
         plan = parallel.wrap_plan(plan)
     bound = _bind(model, plan, places, tuple(skipped), notes, skip_logits)
@@ -429,12 +409,31 @@ def _usable_places(owner: str, cfg: OpsConfig, places: list[Place]) -> tuple[lis
     return places, skipped
 
 
-def _asked_for_eager_attention(cfg: OpsConfig, places: list[Place]) -> str | None:
+#: What the causal-LM head needs beside its loss kernel: a logits kernel for the logits path
+#: (evaluation, generation, ``return_dict=False``), the configured kernel's logits variant or,
+#: where the kernel the config names has none, the reference's.
+LOGITS_PATH = Need(("logits",), fallback="eager", why="where the head returns logits (evaluation, no grad, "
+                   "return_dict=False, skip_logits=False) the loss is computed from them by the reference kernel "
+                   "(eager)")
+
+
+def _target_needs(places: list[Place]) -> dict[str, list]:
+    """What resolution must provide for ``places`` (:func:`needs_of`), with what the model asks
+    beside: the reference attention where it was built with eager attention, and the head's logits path."""
+    needs: dict[str, list] = needs_of(places)
+    asked = _eager_attention_asked(places)
+    if asked and "attention" in needs:
+        needs["attention"] = [dataclasses.replace(Need.of("attention", v), prefer="eager", why=asked)
+                              for v in needs["attention"]]
+    if "cross_entropy" in needs:
+        needs["cross_entropy"] = [*needs["cross_entropy"], LOGITS_PATH]
+    return needs
+
+
+def _eager_attention_asked(places: list[Place]) -> str | None:
     """Why ``auto`` takes the reference attention: the model was built with
-    ``attn_implementation="eager"`` (what a user asks for to get attention weights), and the
-    config leaves attention on ``auto``. ``None`` otherwise."""
-    if cfg.for_op("attention") != AUTO:
-        return None
+    ``attn_implementation="eager"`` (what a user asks for to get attention weights). ``None``
+    otherwise. Resolution follows it only where the config leaves attention on ``auto``."""
     paths = [p.path for p in places if p.op == "attention"
              and getattr(getattr(p.module, "config", None), "_attn_implementation", None) == "eager"]
     if not paths:
@@ -444,69 +443,40 @@ def _asked_for_eager_attention(cfg: OpsConfig, places: list[Place]) -> str | Non
             "another")
 
 
-def _said_in_plan(plan: KernelPlan, op: str, reason: str) -> KernelPlan:
-    """``plan`` with the entries of ``op`` marked as ``auto``'s choice, for ``reason``."""
-    entries = tuple(dataclasses.replace(e, requested=AUTO, reason=reason) if e.op == op else e for e in plan.entries)
-    return dataclasses.replace(plan, entries=entries)
-
-
-def _resolve_leaving_auto(owner: str, cfg: OpsConfig, dev: DeviceInfo, places: list[Place],
-                          target: dict[str, Any]) -> tuple[KernelPlan, list[Place], list[tuple[str, str, str]]]:
-    """Resolve for ``places``. An op left at ``auto`` for which no kernel is usable here is
-    left to the model's own code (its places returned as skipped, with why); only a kernel
-    the config names is refused."""
-    skipped: list[tuple[str, str, str]] = []
-    while True:
-        try:
-            plan = resolve(cfg, dev, needs=needs_of(places), features=features_of(places), **target)
-            return plan, places, skipped
-        except ResolutionError as e:
-            auto = {r.op: r for r in e.refusals if r.requested == AUTO and r.kind is RefusalKind.NOTHING_USABLE}
-            named = [r for r in e.refusals if r.op not in auto]
-            if named:
-                err = ResolutionError(named, e.device) if auto else e
-                feats = _describe_features({op: f for op, f in features_of(places).items()
-                                            if op in {r.op for r in named}})
-                if feats:
-                    err.add_note(f"(while binding {owner}: its places need {feats})")
-                if err is e:
-                    raise
-                raise err from e
-            if "cross_entropy" in auto:  # the auxiliary loss is computed by the head
-                auto.setdefault("load_balancing_loss", auto["cross_entropy"])
-            for p in places:
-                if p.op in auto:
-                    skipped.append((p.path, p.op, f"auto: {auto[p.op].why}"))
-            places = [p for p in places if p.op not in auto]
-
-
-def _with_logits_kernel(plan: KernelPlan, cfg: OpsConfig, dev: DeviceInfo,
-                        target: dict[str, Any]) -> tuple[KernelPlan, str | None]:
-    """The plan with a ``cross_entropy/logits`` kernel for the head's logits path (evaluation,
-    generation, ``return_dict=False``): the configured kernel's logits variant, or, where the
-    named kernel has none, the reference's (said in the returned note)."""
-    if plan.get("cross_entropy", "fused_linear") is None or plan.get("cross_entropy", "logits") is not None:
-        return plan, None
-    needs = {"cross_entropy": [("logits",)]}
-    fused = plan.get("cross_entropy", "fused_linear")
+def _resolve_for(owner: str, cfg: OpsConfig, target: Target, registry: Registry | None, lock: LockArg) -> KernelPlan:
+    """The plan for ``target``: one resolution; a refusal says what the model's places need."""
     try:
-        extra = resolve(cfg, dev, needs=needs, **target)
-        note = None
+        return resolve(cfg, target, registry=registry, lock=lock)
     except ResolutionError as e:
-        if cfg.for_op("cross_entropy") == AUTO:
-            raise
-        eager = dataclasses.replace(cfg, cross_entropy_loss_implementation="eager")
-        try:
-            extra = resolve(eager, dev, needs=needs, **target)
-        except ResolutionError:
-            raise e from None
-        note = (f"cross_entropy: {fused.kernel if fused else '?'} has no logits variant; where the head returns "
-                "logits (evaluation, no grad, return_dict=False, skip_logits=False) the loss is computed from them "
-                "by the reference kernel (eager)")
-    entry = extra.get("cross_entropy", "logits")
-    if entry is None:  # pragma: no cover - resolve returns what it was asked for or raises
-        return plan, None
-    return dataclasses.replace(plan, entries=(*plan.entries, entry)), note
+        refused = {r.op for r in e.refusals}
+        feats = _describe_features({op: f for op, f in target.features.items() if op in refused})
+        if feats:
+            e.add_note(f"(while binding {owner}: its places need {feats})")
+        raise
+
+
+def _leave_to_model(plan: KernelPlan, places: list[Place], skipped: list[tuple[str, str, str]]
+                    ) -> tuple[KernelPlan, list[Place], list[tuple[str, str, str]]]:
+    """The places ``plan`` leaves to the model's own code (an op on ``auto`` with no kernel usable
+    here), moved to ``skipped`` with why; where that is the head's loss, its auxiliary loss too."""
+    left = dict(plan.left)
+    if "cross_entropy" in left:  # the auxiliary loss is computed by the head
+        left.setdefault("load_balancing_loss", left["cross_entropy"])
+        plan = dataclasses.replace(plan, entries=tuple(e for e in plan.entries if e.op not in left))
+    skipped = [*skipped, *((p.path, p.op, f"auto: {left[p.op]}") for p in places if p.op in left)]
+    return plan, [p for p in places if p.op not in left], skipped
+
+
+def _with_logits_kernel(plan: KernelPlan, places: list[Place], target: Target, registry: Registry | None) -> KernelPlan:
+    """A plan given to ``apply``, with a ``cross_entropy/logits`` kernel for the head's logits path
+    where it has a fused_linear one and no logits one (:data:`LOGITS_PATH`)."""
+    if (not any(p.op == "cross_entropy" for p in places) or plan.get("cross_entropy", "fused_linear") is None
+            or plan.get("cross_entropy", "logits") is not None):
+        return plan
+    logits = Target(target.device, dtype=target.dtype, mode=target.mode, parallel=target.parallel,
+                    needs={"cross_entropy": [LOGITS_PATH]})
+    extra = resolve(plan.config, logits, registry=registry, lock=False)  # the plan was resolved already, lock or not
+    return dataclasses.replace(plan, entries=(*plan.entries, *extra.entries), notes=(*plan.notes, *extra.notes))
 
 
 def _describe_features(feats: Mapping[str, frozenset[str]]) -> str:

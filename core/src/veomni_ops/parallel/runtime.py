@@ -177,7 +177,7 @@ class ParallelRuntime:
                 fn = global_load_balancing(fn, None, self.world_size, lambda: self._token_mask)
                 note = f"over the tokens of all {self.world_size} ranks"
             entries.append(dataclasses.replace(e, fn=fn, reason=f"{e.reason}; {note}" if note else e.reason))
-        return KernelPlan(plan.device, plan.config, tuple(entries), compile=plan.compile)
+        return KernelPlan(plan.device, plan.config, tuple(entries), mode=plan.mode)
 
     # -- the model -------------------------------------------------------------------------------
     def prepare(self, model: nn.Module) -> None:

@@ -93,7 +93,8 @@ from __future__ import annotations
 
 from .baselines import BASELINES, check_baseline, liger_version
 from .command import configure, run
-from .job import ARCHITECTURES, SIZES, TRAIN_DEFAULTS, RunFailed, TrainConfigError, load_job, read_config_file
+from .errors import RunFailed, TrainConfigError
+from .job import ARCHITECTURES, SIZES, TRAIN_DEFAULTS, load_job, read_config_file
 from .loop import is_parallel, rate_stats, run_child, train_one
 from .model import build_config, build_model, synthetic_batches
 from .report import (

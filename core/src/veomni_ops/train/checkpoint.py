@@ -56,7 +56,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from .job import TrainConfigError
+from .errors import TrainConfigError
 
 #: the file of a checkpoint that says what wrote it (rank 0 writes it last, before the rename)
 INFO = "veomni_ops.json"

@@ -11,7 +11,8 @@ import sys
 from typing import Any
 
 from .baselines import BASELINES, check_baseline, compile_apply
-from .job import RunFailed, TrainConfigError, check_checkpointing, load_job
+from .errors import RunFailed, TrainConfigError
+from .job import check_checkpointing, load_job
 from .loop import is_parallel, rank, run_child, train_one
 from .report import LOSS_TOL_FP32, LOSS_TOL_LOW_PRECISION, compare, finite_json, plot, print_report, report
 

@@ -9,6 +9,8 @@ import math
 import os
 from typing import Any
 
+from .errors import TrainConfigError
+
 #: architecture -> (transformers config class, causal-LM class, extra config kwargs)
 ARCHITECTURES: dict[str, tuple[str, str, dict[str, Any]]] = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
@@ -42,19 +44,6 @@ TRAIN_DEVICES = ("cpu", "cuda", "mps", "xpu", "npu")
 #: The job's sections, and the model section's fields.
 SECTIONS = ("model", "train", "parallel", "lock")
 MODEL_FIELDS = ("architecture", "size", "config_file", "config", "ops_implementation")
-
-
-class TrainConfigError(ValueError):
-    """A job YAML or a train option is malformed or cannot run here (the CLI reports it and exits 1).
-    ``problems`` lists every mistake found in the job (the message has them all)."""
-
-    def __init__(self, message: str, problems: list[str] | tuple[str, ...] | None = None):
-        super().__init__(message)
-        self.problems: tuple[str, ...] = tuple(problems) if problems is not None else (message,)
-
-
-class RunFailed(RuntimeError):
-    """A training run in a child process failed (its output is above)."""
 
 
 def load_job(path: str, here: bool = True, defaults: str = "auto") -> dict[str, Any]:

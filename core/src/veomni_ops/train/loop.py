@@ -13,7 +13,8 @@ import time
 from typing import Any
 
 from .baselines import BASELINES, apply_liger, check_baseline, compile_apply, liger_version
-from .job import RunFailed, TrainConfigError, plan_device
+from .errors import RunFailed, TrainConfigError
+from .job import plan_device
 from .model import build_config, build_model, peak_bytes, resolve_device, synthetic_batches
 
 

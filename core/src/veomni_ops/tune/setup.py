@@ -16,6 +16,7 @@ from ..plan import KernelPlan
 from ..registry import RegisteredKernel, Registry
 from ..resolve import OpRequest, load_kernel
 from ..spec import OPS
+from ..target import Mode, Target
 from ..train.job import TrainConfigError
 
 #: The config fields of a model that make its shapes (recorded in the lock, where the config has them).
@@ -167,30 +168,27 @@ def setup(job: dict[str, Any], registry: Registry | None = None) -> TuneSetup:
     model = build_model(job, "meta").to(dtype=getattr(torch, dtype))
     cfg = job["ops"]
     needs, features = model_needs(model, cfg)  # before binding: a bound place is no longer the library's
+    target = Target(dev, dtype=dtype, mode=Mode.of(compile=compile), needs=needs, features=features)
     static = (apply(model, cfg, device=dev, registry=reg, compile=compile, lock=False).plan if is_local(dev) else
-              _remote_plan(model, cfg, dev, reg, compile, dtype, needs, features))
+              _remote_plan(cfg, target, reg))
     requests = []
     for op in OPS:
         if cfg.for_op(op) != AUTO:
             continue
-        for want in needs.get(op, ()):
-            variants = (want,) if isinstance(want, str) else tuple(want)
+        for need in (target.needs or {}).get(op, ()):
             # Planning for another device (VEOMNI_OPS_DEVICE, for --dry-run): no import, and this
             # machine's installed packages say nothing about that one's (as `veomni-ops resolve --device`).
-            req = OpRequest(op, variants, AUTO, dev, dtype=dtype, training=True, load=is_local(dev), compile=compile,
-                            features=features.get(op, frozenset()), check_requires=is_local(dev))
+            req = OpRequest(op, need, AUTO, target, load=is_local(dev), check_requires=is_local(dev))
             requests.append(_request(reg, req, static))
     named = tuple((OP_TO_FIELD[op], cfg.for_op(op)) for op in OPS if cfg.for_op(op) != AUTO)
     return TuneSetup(job, dev, compile, dtype, _shapes(job, build_config(job)), tuple(requests), named, static)
 
 
-def _remote_plan(model: Any, cfg: Any, dev: DeviceInfo, reg: Registry, compile: bool, dtype: str,
-                 needs: dict[str, list], features: dict[str, frozenset[str]]) -> KernelPlan:
+def _remote_plan(cfg: Any, target: Target, reg: Registry) -> KernelPlan:
     """The static plan for another device (no kernel imported, its requirements not checked here)."""
     from ..resolve import resolve
 
-    return resolve(cfg, dev, registry=reg, needs=needs, features=features, dtype=dtype, compile=compile, load=False,
-                   check_requires=False, lock=False)
+    return resolve(cfg, target, registry=reg, load=False, check_requires=False, lock=False)
 
 
 def _request(reg: Registry, req: OpRequest, static: KernelPlan) -> Request:
