@@ -476,6 +476,107 @@ def test_four_ranks_match_one_process(world4, sc):
     assert got["even_calls"] == [sc["steps"] * 2] * 4, got["even_calls"]  # 2 MoE layers a step
 
 
+# ----------------------------------------------------------------------------------------
+# meta-device initialisation and torch.compile under a layout (issue 23)
+# ----------------------------------------------------------------------------------------
+
+#: the CPU's torch.compile backend here: dynamo + AOTAutograd (forward and backward graphs) run
+#: by the eager kernels, so what is checked is the tracing (graph breaks, collectives in graphs,
+#: FSDP2's hooks around them), not inductor's code generation (slow on a 2-core CI machine)
+CPU_COMPILE_BACKEND = "aot_eager"
+
+INIT_COMPILE = [
+    _scenario("eager_dense", "qwen3", {"dp_shard": 2}, steps=3),
+    _scenario("meta_dense", "qwen3", {"dp_shard": 2}, steps=3, init="meta"),
+    # expert parallelism: each rank takes its own block of the experts from the reference
+    _scenario("meta_ep_moe", "qwen3_moe", {"dp_shard": 2, "ep": 2}, init="meta"),
+    _scenario("compile_dense", "qwen3", {"dp_shard": 2}, steps=3, compile=CPU_COMPILE_BACKEND),
+    _scenario("compile_sp_dense", "qwen3", {"sp": 2}, compile=CPU_COMPILE_BACKEND, seq=15),
+    # compile mode takes grouped_mm for the experts (bfloat16 only on the CPU; float32 is refused below)
+    _scenario("compile_ep_moe_bf16", "qwen3_moe", {"dp_shard": 2, "ep": 2}, dtype="bfloat16", opt="adamw",
+              compile=CPU_COMPILE_BACKEND),
+]
+INIT_COMPILE_BY_NAME = {sc["name"]: sc for sc in INIT_COMPILE}
+
+
+@pytest.fixture(scope="module")
+def world2_init_compile(tmp_path_factory):
+    return run_scenarios(2, INIT_COMPILE, tmp_path_factory.mktemp("world2_init_compile"))
+
+
+@pytest.mark.parallel
+@pytest.mark.parametrize("name", ["meta_dense", "meta_ep_moe"])
+def test_meta_init_gives_the_weights_of_the_normal_build(world2_init_compile, name):
+    sc = INIT_COMPILE_BY_NAME[name]
+    got = world2_init_compile[name]
+    want = W.build(sc)  # the normal build, with the same seed
+    params = dict(want.named_parameters())
+    assert set(got["initial"]) == set(params)
+    for n, p in params.items():  # bit for bit: copied, never re-drawn (experts gathered over the ep ranks)
+        assert torch.equal(got["initial"][n], p.detach()), n
+    # rotary inv_freq is a non-persistent buffer: in no state dict, garbage after to_empty
+    buffers = dict(want.named_buffers())
+    assert any(n.endswith("inv_freq") for n in buffers) and set(got["buffers"]) == set(buffers)
+    for n, b in buffers.items():
+        assert torch.equal(got["buffers"][n], b), n
+    assert_same_as_one_process(sc, got)
+
+
+@pytest.mark.parallel
+def test_meta_init_trains_as_the_normal_build(world2_init_compile):
+    meta, eager = world2_init_compile["meta_dense"], world2_init_compile["eager_dense"]
+    assert meta["losses"] == eager["losses"]  # same weights, same kernels, same order: bitwise
+    for n, p in eager["params"].items():
+        assert torch.equal(meta["params"][n], p), n
+
+
+@pytest.mark.parallel
+@pytest.mark.parametrize("name", ["compile_dense", "compile_sp_dense", "compile_ep_moe_bf16"])
+def test_compile_under_a_layout_matches_one_process(world2_init_compile, name):
+    sc = INIT_COMPILE_BY_NAME[name]
+    got = world2_init_compile[name]
+    assert got["plan"]["mode"] == "compile"
+    c = got["compile"]
+    assert c["layers"] == 2 and c["backend"] == CPU_COMPILE_BACKEND and c["what"] == "decoder layers"
+    assert got["graphs"] >= 1  # dynamo traced something
+    if sc["arch"] == "qwen3":  # both layers share one graph: the Ulysses all-to-alls trace too
+        assert got["graph_breaks"] == {} and got["graphs"] == 1, (got["graph_breaks"], got["graphs"])
+    # float32: the same gradients and weights as one eager process to 1e-5 relative (float32 sums
+    # in another order: shards, all-to-alls, AOTAutograd's traced backward); bfloat16: its rule
+    assert_same_as_one_process(sc, got)
+
+
+@pytest.mark.parallel
+def test_compile_under_a_layout_gives_the_eager_layouts_losses(world2_init_compile):
+    """aot_eager runs the traced graph with the eager kernels: the losses of the eager run, to
+    float32 rounding (1e-6 relative: AOTAutograd may decompose a composite op, e.g. a linear's
+    backward, into kernels that sum in another order; on this machine they agree exactly)."""
+    comp, eager = world2_init_compile["compile_dense"], world2_init_compile["eager_dense"]
+    ops = [{e["op"]: e["kernel"] for e in p["entries"]} for p in (comp["plan"], eager["plan"])]
+    assert ops[0] == ops[1], ops  # on the CPU compile mode takes the eager mode's kernels for this model
+    for a, b in zip(comp["losses"], eager["losses"], strict=True):
+        assert abs(a - b) <= 1e-6 * abs(b), (comp["losses"], eager["losses"])
+
+
+def test_compile_refuses_expert_parallelism_without_a_compilable_experts_kernel():
+    """float32 on the CPU in compile mode: the eager experts loop does not compile and grouped_mm
+    is bfloat16 only, so the experts keep the model's code, which cannot be expert-parallel."""
+    from veomni_ops import apply
+    from veomni_ops.parallel import ParallelRuntime
+
+    sc = _scenario("x", "qwen3_moe", {"dp_shard": 2, "ep": 2})
+    model = W.build(sc)
+    rt = ParallelRuntime(ParallelLayout(dp_shard=2, ep=2), 0, 0, "cpu")  # not started: no collective is needed
+    rt.prepare(model)
+    binding = apply(model, {}, compile=True, parallel=rt)
+    with pytest.raises(ParallelConfigError) as e:
+        rt.parallelize(model, binding, torch.float32)
+    msg = str(e.value)
+    assert "experts at model.layers.0.mlp.experts, model.layers.1.mlp.experts were not bound" in msg
+    assert "does not run under torch.compile" in msg and "does not support dtype float32" in msg
+    assert "give the experts a kernel that runs here" in msg
+
+
 @pytest.mark.parallel
 def test_a_failing_rank_ends_every_rank_with_its_error(tmp_path):
     sc = _scenario("fault", "qwen3", {"sp": 2}, steps=3, fail={"rank": 1, "step": 1})
