@@ -5,6 +5,9 @@
         rt.prepare(model)                                # layout vs model; keep this rank's experts
         binding = veomni_ops.apply(model, ops, parallel=rt)   # plan resolved for the layout, kernels wrapped
         rt.parallelize(model, binding, dtype)            # FSDP2
+        # optional: a model built on the meta device gets its shards here (reference: rank 0's normal build)
+        rt.materialize(model, reference if rt.rank == 0 else None)
+        rt.compile(model, backend="inductor")           # optional: each decoder layer (apply(..., compile=True))
         for ids in batches:                              # the global batch, the same on every rank
             out = model(**rt.shard_batch(ids))           # this rank's rows and sequence slice
             out.loss.backward()                          # every rank's loss is its share

@@ -173,17 +173,17 @@ def _train(job: dict[str, Any], out, baseline: str | None = None, rt=None) -> di
         rate = b * s / dt
         losses.append(loss)
         rates.append(rate)
+        peak, what = peak_bytes(device)
+        done = (i + 1) * width // steps
+        print(f"[{'#' * done}{'.' * (width - done)}] step {i + 1:>3}/{steps}  loss {loss:8.4f}  "
+              f"{rate:10.0f} tok/s  {what} {peak / 2**30:6.2f} GiB" + ("  (warm-up)" if i < warmup else ""),
+              file=out, flush=True)
         if i == 0 and facts["compiled"] and rt is not None:
             from ..parallel.fsdp import graph_breaks
 
             breaks = rt.compile_facts["graph_breaks"] = graph_breaks()
             print("torch.compile: graph breaks in the first step: " + ("; ".join(f"{n} x {why}" for why, n in
                                                                           breaks.items()) or "none"), file=out)
-        peak, what = peak_bytes(device)
-        done = (i + 1) * width // steps
-        print(f"[{'#' * done}{'.' * (width - done)}] step {i + 1:>3}/{steps}  loss {loss:8.4f}  "
-              f"{rate:10.0f} tok/s  {what} {peak / 2**30:6.2f} GiB" + ("  (warm-up)" if i < warmup else ""),
-              file=out, flush=True)
     peak, what = peak_bytes(device)
     stats = rate_stats(rates, warmup)
     result = {
