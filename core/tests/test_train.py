@@ -43,9 +43,13 @@ def write_job(tmp_path, name="job.yaml", ops=None, model=None, **train_fields):
     return str(path)
 
 
-def _in_process(path, seed, steps=None, baseline=None):
+def _in_process(path, seed, steps=None, baseline=None, lock=None, defaults="auto"):
     """``run_child`` without the child: same job, this process (fast; no peak-memory isolation)."""
-    job = train.load_job(path)
+    job = train.load_job(path, defaults=defaults)
+    if lock is not None:
+        from veomni_ops.lock import LockFile
+
+        job["lock"] = LockFile(lock, explicit=True, origin="--lock")
     if seed is not None:
         job["train"]["seed"] = seed
     if steps is not None:
