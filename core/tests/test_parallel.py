@@ -605,6 +605,18 @@ def test_compile_refuses_expert_parallelism_without_a_compilable_experts_kernel(
     assert "give the experts a kernel that runs here" in msg
 
 
+def test_compile_refuses_a_plan_resolved_for_eager_mode():
+    from veomni_ops import apply
+    from veomni_ops.parallel import ParallelRuntime
+
+    model = W.build(_scenario("x", "qwen3", {"dp_shard": 2}))
+    rt = ParallelRuntime(ParallelLayout(dp_shard=2), 0, 0, "cpu")
+    apply(model, {}, parallel=rt)
+    with pytest.raises(ParallelConfigError, match=r"resolved for eager mode; bind it with veomni_ops.apply\(model, "
+                                                  r"config, compile=True, parallel=runtime\)"):
+        rt.compile(model, CPU_COMPILE_BACKEND)
+
+
 @pytest.mark.parallel
 def test_a_failing_rank_ends_every_rank_with_its_error(tmp_path):
     sc = _scenario("fault", "qwen3", {"sp": 2}, steps=3, fail={"rank": 1, "step": 1})

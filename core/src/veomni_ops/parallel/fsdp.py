@@ -20,6 +20,10 @@ the GPU waits for is a wait for the slower rank):
 * **explicit forward prefetch**: each layer's pre-forward issues the next layer's all-gather
   (and its experts'), so it runs under this layer's compute instead of after it; backward
   prefetches the previous layer the same way.
+
+After sharding: :func:`init_from_reference` materialises a model built on the meta device with
+the weights of a normal build (rank 0's, broadcast a tensor at a time), and
+:func:`compile_layers` compiles each decoder layer's forward in place (FSDP2's hooks stay eager).
 """
 
 from __future__ import annotations
