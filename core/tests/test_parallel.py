@@ -177,6 +177,40 @@ def test_resolve_refuses_a_kernel_that_cannot_run_under_sp():
     assert resolve({}, "cpu", needs=needs, registry=reg).get("attention", "standard").kernel == "local_only"
 
 
+def test_compile_mode_under_a_layout_takes_a_kernel_that_does_both():
+    import types
+
+    from veomni_ops import hookimpl
+
+    def attention():
+        return [
+            KernelSpec(name="local_only", op="attention", variant="standard", factory="math:sqrt", priority=50,
+                       supports_compile=True),
+            KernelSpec(name="sp_eager_only", op="attention", variant="standard", factory="math:floor", priority=40,
+                       parallel=("sp",), supports_compile=False),
+            KernelSpec(name="sp_compiles", op="attention", variant="standard", factory="math:ceil", priority=1,
+                       parallel=("sp",), supports_compile=True),
+        ]
+
+    plugin = types.ModuleType("toy_compile")
+    plugin.attention = hookimpl(attention)
+    reg = build_registry([("toy", plugin)], include_entry_points=False, env={})
+    needs, sp = {"attention": ["standard"]}, {"attention": {"sp"}}
+    e = resolve({}, "cpu", needs=needs, registry=reg, parallel=sp, compile=True).get("attention", "standard")
+    assert e.kernel == "sp_compiles", e.reason
+    assert "sp_eager_only (does not run under torch.compile" in e.reason
+    assert "local_only (cannot run under parallel sp" in e.reason
+    # each mode alone takes what it allows
+    assert resolve({}, "cpu", needs=needs, registry=reg, parallel=sp).get("attention", "standard").kernel == \
+        "sp_eager_only"
+    assert resolve({}, "cpu", needs=needs, registry=reg, compile=True).get("attention", "standard").kernel == \
+        "local_only"
+    with pytest.raises(ResolutionError) as err:
+        resolve({"attn_implementation": "sp_eager_only"}, "cpu", needs=needs, registry=reg, parallel=sp, compile=True)
+    msg = str(err.value)
+    assert "supports_compile=False" in msg and "sp_compiles" in msg
+
+
 def test_legacy_with_sp_names_say_what_they_meant():
     from veomni_ops import OpsConfig
 
