@@ -33,10 +33,10 @@ TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_lay
             num_key_value_heads=2, head_dim=16, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2)
 
 
-def build(sc: dict[str, Any]):
+def build(sc: dict[str, Any], device: str = "cpu"):
     job = {"architecture": sc["arch"], "size": "tiny", "config_file": None,
            "overrides": {**TINY, **sc.get("config", {})}, "train": {"seed": sc.get("seed", 0)}}
-    model = build_model(job, "cpu").to(getattr(torch, sc.get("dtype", "float32")))
+    model = build_model(job, device).to(getattr(torch, sc.get("dtype", "float32")))
     if sc.get("route_to_first_half"):
         for m in model.modules():
             if type(m).__name__.endswith("TopKRouter"):
@@ -99,16 +99,26 @@ def run_reference(sc: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_parallel(sc: dict[str, Any], out_dir: str) -> None:
+    from torch._dynamo.utils import counters
     from veomni_ops.parallel import ParallelLayout, ParallelRuntime
 
     layout = ParallelLayout.from_dict(sc["parallel"])
+    dtype = getattr(torch, sc.get("dtype", "float32"))
     with ParallelRuntime.from_env(layout, "cpu") as rt:
-        model = build(sc)
+        meta = sc.get("init") == "meta"
+        counters.clear()  # graph breaks are counted per scenario
+        model = build(sc, "meta" if meta else "cpu")  # meta: no memory; rank 0 alone builds the normal model too
         rt.prepare(model)
-        binding = apply(model, sc["ops"], parallel=rt)
+        binding = apply(model, sc["ops"], parallel=rt, compile=bool(sc.get("compile")))
         if rt.rank == 0:
             print(f"== {sc['name']}\n{binding.plan.table()}\n{rt.describe()}", flush=True)
-        rt.parallelize(model, binding, getattr(torch, sc.get("dtype", "float32")))
+        rt.parallelize(model, binding, dtype)
+        if meta:
+            rt.materialize(model, build(sc) if rt.rank == 0 else None)
+        if sc.get("compile"):
+            rt.compile(model, backend=sc["compile"])
+        initial = rt.gather_full(model)
+        buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
         rt.ep_even_dispatch = not sc.get("ep_counted")  # the counted exchange (a host sync a layer) when asked
         opt = optimizer(model, sc)
         losses, grads = [], []
@@ -130,8 +140,12 @@ def run_parallel(sc: dict[str, Any], out_dir: str) -> None:
             received[:, rt.rank] = torch.tensor([stats["received_rows"], stats["even_calls"]])
         torch.distributed.all_reduce(received)
         if rt.rank == 0:
+            from veomni_ops.parallel.fsdp import graph_breaks
+
             torch.save({"losses": losses, "grads": grads, "params": params, "received_rows": received[0].tolist(),
-                        "even_calls": received[1].tolist(), "plan": binding.plan.to_dict()},
+                        "even_calls": received[1].tolist(), "plan": binding.plan.to_dict(), "initial": initial,
+                        "buffers": buffers, "compile": rt.compile_facts, "graph_breaks": graph_breaks(),
+                        "graphs": counters["stats"]["unique_graphs"]},
                        os.path.join(out_dir, f"{sc['name']}.pt"))
 
 

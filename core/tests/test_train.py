@@ -43,9 +43,13 @@ def write_job(tmp_path, name="job.yaml", ops=None, model=None, **train_fields):
     return str(path)
 
 
-def _in_process(path, seed, steps=None, baseline=None):
+def _in_process(path, seed, steps=None, baseline=None, lock=None, defaults="auto"):
     """``run_child`` without the child: same job, this process (fast; no peak-memory isolation)."""
-    job = train.load_job(path)
+    job = train.load_job(path, defaults=defaults)
+    if lock is not None:
+        from veomni_ops.lock import LockFile
+
+        job["lock"] = LockFile(lock, explicit=True, origin="--lock")
     if seed is not None:
         job["train"]["seed"] = seed
     if steps is not None:
@@ -220,6 +224,32 @@ def test_compile_binds_for_compile_and_excludes_two_warmup_steps(tmp_path, monke
     assert train.load_job(write_job(tmp_path, steps=4))["train"]["compile"] is False
     with pytest.raises(train.TrainConfigError, match="true or false"):
         train.load_job(write_job(tmp_path, compile="yes"))
+
+
+def test_meta_init_in_one_process_trains_as_the_normal_build(tmp_path, monkeypatch):
+    """``init_device: meta`` without a layout: built on meta, bound, materialised with the normal
+    build's weights and buffers (rotary inv_freq included): the same losses, bit for bit."""
+    import torch
+    from veomni_ops.train import loop
+
+    built = []
+    real = loop._bind
+
+    def spy(*a, **k):
+        model, facts = real(*a, **k)
+        built.append({n: b.clone() for n, b in model.named_buffers()})
+        return model, facts
+
+    monkeypatch.setattr(loop, "_bind", spy)
+    out = io.StringIO()
+    meta = train.train_one(train.load_job(write_job(tmp_path, "meta.yaml", init_device="meta")), out=out)
+    normal = train.train_one(train.load_job(write_job(tmp_path)), out=io.StringIO())
+    assert meta["init_device"] == "meta" and normal["init_device"] == "device"
+    assert meta["losses"] == normal["losses"]
+    assert "init: built on the meta device, bound, then materialised on cpu" in out.getvalue()
+    assert set(built[0]) == set(built[1]) and any(n.endswith("inv_freq") for n in built[0])
+    for n, b in built[1].items():
+        assert torch.equal(built[0][n], b), n
 
 
 # ----------------------------------------------------------------------------------------

@@ -83,8 +83,13 @@ def test_a_good_job_loads_and_numbers_written_without_a_dot_are_numbers(tmp_path
     ("model: {architecture: qwen3}\ntrain: {lr: .nan}\n", "train.lr must be a number > 0 (e.g. 1.0e-3), got nan"),
     ("model: {architecture: qwen3}\ntrain: {batch_size: 3}\nparallel: {dp_shard: 2}\n",
      "train.batch_size 3 is the global batch and parallel.dp_shard 2 must divide it"),
-    ("model: {architecture: qwen3}\ntrain: {compile: true}\nparallel: {dp_shard: 2}\n",
-     "train.compile with a parallel layout is not supported yet"),
+    ("model: {architecture: qwen3}\ntrain: {init_device: cuda}\n",
+     "train.init_device must be one of: device, meta, got 'cuda' (the model is built on train.device unless it is "
+     "meta)"),
+    ("model: {architecture: qwen3}\ntrain: {compile_backend: ''}\n",
+     "train.compile_backend '': write the name of a torch.compile backend"),
+    ("model: {architecture: qwen3}\ntrain: {compile: true, compile_backend: aot_eagr}\n",
+     "train.compile_backend 'aot_eagr': torch "),
 ])
 def test_each_mistake_is_named(tmp_path, text, problem, nothing_built):
     with pytest.raises(TrainConfigError) as e:
@@ -98,13 +103,30 @@ def test_every_parallel_problem_comes_with_the_others(tmp_path, nothing_built):
     with pytest.raises(TrainConfigError) as e:
         load_job(write(tmp_path, text))
     problems = e.value.problems
-    assert len(problems) == 5, problems
+    assert len(problems) == 4, problems
     assert problems[0].startswith("parallel: unknown field(s) tp; known: dp_shard")
     assert problems[1:4] == ("parallel.sp must be a whole number >= 1, got 0",
                              "parallel.timeout_s must be a number of seconds > 0, got -1",
                              "train.batch_size 4 is the global batch and parallel.dp_shard 3 must divide it (each "
                              "data-parallel rank trains batch_size / dp_shard rows)")
-    assert problems[4].startswith("train.compile with a parallel layout is not supported yet")
+    # compile with a layout is a job like any other (issue 23)
+    assert load_job(write(tmp_path, text.replace("dp_shard: 3, sp: 0, tp: 2, timeout_s: -1", "dp_shard: 2")))
+
+
+def test_compile_backend_and_init_device(tmp_path, nothing_built):
+    job = load_job(write(tmp_path, GOOD))["train"]
+    assert job["compile_backend"] == "inductor" and job["init_device"] == "device"
+    text = GOOD.replace("seed: 0}", "seed: 0, compile: true, compile_backend: aot_eager, init_device: meta}")
+    job = load_job(write(tmp_path, text))["train"]
+    assert job["compile_backend"] == "aot_eager" and job["init_device"] == "meta"
+    # a backend this torch lacks is named with the closest one, only where it compiles and only here
+    text = GOOD.replace("seed: 0}", "seed: 0, compile: true, compile_backend: aot_eagr, init_device: gpu}")
+    with pytest.raises(TrainConfigError) as e:
+        load_job(write(tmp_path, text))
+    assert len(e.value.problems) == 2, e.value.problems
+    assert "has no such compile backend; did you mean aot_eager?" in e.value.problems[0]
+    assert e.value.problems[1] == "train.init_device must be one of: device, meta, got 'gpu'"
+    assert load_job(write(tmp_path, text.replace("gpu", "meta")), here=False)["train"]["compile_backend"] == "aot_eagr"
 
 
 def test_a_named_kernel_that_cannot_run_here_comes_with_the_other_mistakes(tmp_path, nothing_built):

@@ -20,6 +20,10 @@ the GPU waits for is a wait for the slower rank):
 * **explicit forward prefetch**: each layer's pre-forward issues the next layer's all-gather
   (and its experts'), so it runs under this layer's compute instead of after it; backward
   prefetches the previous layer the same way.
+
+After sharding: :func:`init_from_reference` materialises a model built on the meta device with
+the weights of a normal build (rank 0's, broadcast a tensor at a time), and
+:func:`compile_layers` compiles each decoder layer's forward in place (FSDP2's hooks stay eager).
 """
 
 from __future__ import annotations
@@ -136,3 +140,117 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
     return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def compile_layers(model: nn.Module, backend: str = "inductor", fullgraph: bool = False) -> dict[str, Any]:
+    """``torch.compile`` every decoder layer's ``forward`` in place, after FSDP2 sharded it.
+
+    The layer's module call stays eager: FSDP2's pre/post-forward hooks (the all-gathers and
+    reshards, which FSDP2 marks as not traceable) run around the compiled forward, as with
+    torchtitan's per-block compile, so they are no graph break. Compiling the forward in place
+    (not wrapping the layer in an ``OptimizedModule``) keeps every parameter's name, the FSDP2
+    prefetch order and the binding's modules as they are. All layers of one class share one
+    graph (parameters are graph inputs), so a deep model compiles once. The embedding, the
+    final norm and the head stay eager. ``fullgraph=False``: a place dynamo cannot trace
+    (transformers' router-logit capture in MoE layers) runs eagerly between graphs instead of
+    failing. Returns what was compiled (for the job's report)."""
+    layers = decoder_layers(model)
+    if not layers:
+        raise ValueError(f"{type(model).__name__} has no decoder layers to compile (none of its modules is one of "
+                         "its _no_split_modules or a *DecoderLayer)")
+    for layer in layers:
+        cast(Any, layer).forward = torch.compile(layer.forward, backend=backend, fullgraph=fullgraph)
+    kinds = sorted({type(m).__name__.removeprefix("FSDP") for m in layers})
+    return {"what": "decoder layers", "layers": len(layers), "classes": kinds, "backend": backend,
+            "fullgraph": fullgraph, "eager": "embedding, final norm, head and loss; FSDP2's hooks"}
+
+
+def graph_breaks() -> dict[str, int]:
+    """Dynamo's graph breaks so far in this process, by reason's first line (empty: none)."""
+    from torch._dynamo.utils import counters
+
+    out: dict[str, int] = {}
+    for reason, n in counters["graph_break"].items():
+        lines = [x.strip() for x in str(reason).splitlines() if x.strip()]
+        key = " ".join(lines[:2]) if lines else "?"
+        out[key] = out.get(key, 0) + int(n)
+    return out
+
+
+def init_from_reference(model: nn.Module, reference: nn.Module | None, device: torch.device | str,
+                        group: Any = None) -> dict[str, int]:
+    """Materialise ``model`` (built on the meta device, bound, maybe FSDP2-sharded and with this
+    rank's experts only) on ``device`` and give it the weights of ``reference``: the same model
+    built normally (it is only read on rank 0 of ``group``; other ranks pass None).
+
+    ``model.to_empty`` allocates every parameter and buffer uninitialised; then, one tensor at a
+    time in the reference's order, rank 0 broadcasts the whole tensor over ``group`` (the world
+    when None; no communication without a process group) and every rank copies its part into
+    its own: the FSDP2 shard of a sharded parameter (the ``Shard(0)`` chunk, as FSDP2 cuts it),
+    this rank's experts of an expert-parallel one (the block ``shard_experts`` kept), the whole of
+    anything else. Buffers travel too: non-persistent ones such as rotary ``inv_freq`` are in no
+    state dict, and ``to_empty`` leaves them garbage. Every parameter and buffer must come from
+    the reference (same names): one it lacks is an error on every rank. Peak extra memory on
+    ``device`` is one whole tensor. Returns counts (tensors, elements) for the report."""
+    import torch.distributed as dist
+
+    distributed = dist.is_available() and dist.is_initialized()
+    rank = dist.get_rank(group) if distributed else 0
+    if rank == 0 and reference is None:
+        raise ValueError("init_from_reference: rank 0 needs the reference model")
+    model.to_empty(device=device)
+    experts = _expert_blocks(model)
+    targets: dict[str, torch.Tensor] = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    manifest: list[Any] = [None]
+    ref: dict[str, torch.Tensor] = {}
+    if reference is not None and rank == 0:
+        ref = {**dict(reference.named_parameters()), **dict(reference.named_buffers())}
+        manifest = [[(n, tuple(t.shape), t.dtype) for n, t in ref.items()]]
+    src = dist.get_global_rank(group, 0) if distributed and group is not None else 0
+    if distributed:
+        dist.broadcast_object_list(manifest, src=src, group=group)
+    names = [n for n, _, _ in manifest[0]]
+    missing = sorted(set(targets) - set(names))
+    if missing:
+        raise ValueError(f"init_from_reference: the reference model has no {', '.join(missing[:5])}"
+                         + (f" (and {len(missing) - 5} more)" if len(missing) > 5 else "")
+                         + "; build the reference as the model was built (same class and config)")
+    elements = 0
+    with torch.no_grad():
+        for name, shape, dtype in manifest[0]:
+            if name not in targets:
+                continue  # in the reference only (e.g. a buffer the binding removed): nothing to fill
+            if rank == 0:
+                full = ref[name].detach().to(device)
+            else:
+                full = torch.empty(shape, dtype=dtype, device=device)
+            if distributed:
+                dist.broadcast(full, src=src, group=group)
+            if name in experts:
+                first, count = experts[name]
+                full = full[first:first + count]
+            _copy_part(targets[name], full)
+            elements += full.numel()
+    return {"tensors": len(targets), "elements": elements}
+
+
+def _expert_blocks(model: nn.Module) -> dict[str, tuple[int, int]]:
+    """Per expert-parallel parameter name, the block of experts this rank holds (first, count)."""
+    out = {}
+    for name, m in model.named_modules():
+        info = getattr(m, "veomni_ops_experts", None)
+        if isinstance(info, dict):
+            for p in ("gate_up_proj", "down_proj"):
+                out[f"{name}.{p}" if name else p] = (int(info["first"]), int(info["local"]))
+    return out
+
+
+def _copy_part(target: torch.Tensor, full: torch.Tensor) -> None:
+    """Copy ``full`` into ``target``: a DTensor (an FSDP2 shard) takes its own part of it."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if isinstance(target, DTensor):
+        local = distribute_tensor(full, target.device_mesh, target.placements, src_data_rank=None)
+        target.to_local().copy_(local.to_local())
+    else:
+        target.copy_(full)

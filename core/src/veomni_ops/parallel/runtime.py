@@ -5,6 +5,9 @@
         rt.prepare(model)                                # layout vs model; keep this rank's experts
         binding = veomni_ops.apply(model, ops, parallel=rt)   # plan resolved for the layout, kernels wrapped
         rt.parallelize(model, binding, dtype)            # FSDP2
+        # optional: a model built on the meta device gets its shards here (reference: rank 0's normal build)
+        rt.materialize(model, reference if rt.rank == 0 else None)
+        rt.compile(model, backend="inductor")           # optional: each decoder layer (apply(..., compile=True))
         for ids in batches:                              # the global batch, the same on every rank
             out = model(**rt.shard_batch(ids))           # this rank's rows and sequence slice
             out.loss.backward()                          # every rank's loss is its share
@@ -35,7 +38,7 @@ from torch import nn
 
 from .expert import expert_parallel, global_load_balancing, shard_experts
 from .faults import FailureGuard
-from .fsdp import full_tensor, shard_model
+from .fsdp import compile_layers, full_tensor, init_from_reference, shard_model
 from .layout import ParallelConfigError, ParallelLayout, world_from_env
 from .ulysses import pad_to_multiple, seq_slice, ulysses_attention
 
@@ -73,6 +76,8 @@ class ParallelRuntime:
         self._expert_modules: list[nn.Module] = []
         self._expert_params: set[str] = set()
         self.fsdp_facts: dict[str, Any] = {}
+        self.compile_facts: dict[str, Any] = {}
+        self.init_facts: dict[str, Any] = {}
 
     # -- start and end ------------------------------------------------------------------------
     @classmethod
@@ -224,11 +229,34 @@ class ParallelRuntime:
         names = {id(m): n for n, m in model.named_modules()}
         missing = [names[id(m)] for m in self._expert_modules if (names[id(m)], "moe_experts") not in bound]
         if missing:
+            why = sorted({w for p, op, w in binding.skipped if op == "moe_experts" and p in missing})
             raise ParallelConfigError(f"parallel.ep {self.layout.ep}: the experts at {', '.join(missing)} were not "
-                                      "bound, so they would not be expert-parallel")
+                                      "bound, so they would not be expert-parallel"
+                                      + (f" ({'; '.join(why)}); give the experts a kernel that runs here (change what "
+                                         "refuses them: moe_implementation, the dtype, compile mode)" if why else ""))
         if self.dense_mesh is None:
             raise RuntimeError("ParallelRuntime.parallelize needs the started runtime (start() or `with runtime:`)")
         self.fsdp_facts = shard_model(model, self.dense_mesh, dtype, self._expert_modules, self.expert_mesh)
+        return model
+
+    def materialize(self, model: nn.Module, reference: nn.Module | None) -> nn.Module:
+        """After :meth:`parallelize` of a model built on the meta device: allocate this rank's
+        shards on its device and fill them with the weights (and buffers) of ``reference``, the
+        model built normally, which only rank 0 needs (others pass None): see
+        :func:`.fsdp.init_from_reference`. A collective: call it on every rank."""
+        self.init_facts = {"init_device": "meta", **init_from_reference(model, reference, self.device)}
+        return model
+
+    def compile(self, model: nn.Module, backend: str = "inductor") -> nn.Module:
+        """After :meth:`parallelize`: ``torch.compile`` every decoder layer in place
+        (:func:`.fsdp.compile_layers`); the plan must have been resolved with ``compile=True``."""
+        binding = model.__dict__.get("veomni_ops_binding")
+        if binding is not None and not binding.plan.compile:
+            raise ParallelConfigError("ParallelRuntime.compile: the model's plan was resolved for eager mode; bind it "
+                                      "with veomni_ops.apply(model, config, compile=True, parallel=runtime)")
+        if not self.fsdp_facts:
+            raise RuntimeError("ParallelRuntime.compile comes after parallelize (FSDP2 first, then the layers compiled)")
+        self.compile_facts = compile_layers(model, backend)
         return model
 
     def _note_batch(self, module, args, kwargs):
@@ -316,7 +344,9 @@ class ParallelRuntime:
                 f"{self.device}, backend {self.backend}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.layout.to_dict(), "backend": self.backend, **({"fsdp": self.fsdp_facts} if self.fsdp_facts else {})}
+        return {**self.layout.to_dict(), "backend": self.backend, **({"fsdp": self.fsdp_facts} if self.fsdp_facts else {}),
+                **({"compile": self.compile_facts} if self.compile_facts else {}),
+                **({"init": self.init_facts} if self.init_facts else {})}
 
     def adamw(self, model: nn.Module, lr: float) -> torch.optim.AdamW:
         """The job's AdamW over ``model``'s (sharded) parameters. On CUDA the fused implementation:

@@ -10,7 +10,7 @@ binds it, and trains N steps of AdamW on synthetic token data.
       config: {num_hidden_layers: 4}          # optional: overrides of the config's fields
       ops_implementation: {rms_norm_implementation: auto, ...}
     train: {batch_size: 4, seq_len: 128, steps: 20, lr: 1.0e-3, dtype: float32, device: auto, seed: 0,
-            compile: false,
+            compile: false, compile_backend: inductor, init_device: device,
             checkpoint_dir: ckpt, checkpoint_every: 100, resume: false}   # optional: sharded checkpoints
     parallel: {dp_shard: 2, sp: 2, ep: 2}    # optional: FSDP2 / Ulysses / experts over torchrun's processes
     lock: qwen3-small.lock.json              # optional: a plan lock (veomni-ops tune), relative to this YAML
@@ -25,6 +25,13 @@ With ``parallel:`` (or under ``torchrun --nproc-per-node N``) every process is o
 (:mod:`veomni_ops.parallel`): the plan is resolved for the layout and its kernels wrapped, the
 model FSDP2-sharded, each rank trains its part of the same global batch, and rank 0 reports the
 global loss (the one-process loss). Without either, one process, as before.
+
+``train.init_device: meta`` builds the model on the meta device (no memory), binds it, shards it
+(under a layout), then materialises it on the training device with the weights and buffers of the
+normal build, which rank 0 builds on the CPU and broadcasts a tensor at a time
+(:meth:`veomni_ops.parallel.ParallelRuntime.materialize`): a model bigger than one GPU never sits
+whole on one. The weights are those of ``init_device: device`` on a CPU job, bit for bit (on a GPU
+job: those of the CPU build, the GPU's random stream being another).
 
 The model's shapes come from one of two places:
 
@@ -54,7 +61,9 @@ neither write nor resume checkpoints.
 
 ``train.compile: true`` binds with ``veomni_ops.apply(model, ops, compile=True)`` (``auto``
 then picks only kernels that support torch.compile) and wraps the model in
-``torch.compile``. Tokens/s is the median over the steady steps: the first step (allocation,
+``torch.compile`` (backend ``train.compile_backend``; under a layout each decoder layer is
+compiled in place after FSDP2, see :func:`veomni_ops.parallel.fsdp.compile_layers`, and the
+graph breaks of the first step are reported). Tokens/s is the median over the steady steps: the first step (allocation,
 autotuning) is excluded, and the first two when compiled (compilation); the spread
 (p25..p75, min..max) of the same steps is shown beside it.
 

@@ -32,7 +32,13 @@ SIZES: dict[str, dict[str, Any]] = {
 
 TRAIN_DEFAULTS: dict[str, Any] = dict(batch_size=4, seq_len=128, steps=20, lr=1e-3, dtype="float32",
                                       device="auto", seed=0, compile=False,
+                                      compile_backend="inductor", init_device="device",
                                       checkpoint_dir=None, checkpoint_every=0, resume=False)
+
+#: Where train.init_device builds the model: on train.device (``device``), or on the meta device
+#: (``meta``: no memory; materialised after FSDP2 sharded it, then given the weights the normal
+#: build has, see :func:`veomni_ops.train.model.reference_model`).
+INIT_DEVICES = ("device", "meta")
 
 
 #: What train.dtype may be (torch dtype names), and spellings people write for them.
@@ -193,6 +199,14 @@ def _load_train(section: Any, problems: list[str], here: bool) -> dict[str, Any]
         problems.append(f"train.dtype {dtype!r} is not a dtype name here; {hint}")
     if not isinstance(train["compile"], bool):
         problems.append(f"train.compile must be true or false, got {train['compile']!r}")
+    reason = compile_backend_problem(train["compile_backend"], here and train["compile"] is True)
+    if reason:
+        problems.append(f"train.compile_backend {train['compile_backend']!r}: {reason}")
+    if train["init_device"] not in INIT_DEVICES:
+        hint = (" (the model is built on train.device unless it is meta)"
+                if str(train["init_device"]).split(":")[0] in TRAIN_DEVICES else "")
+        problems.append(f"train.init_device must be one of: {', '.join(INIT_DEVICES)}, got "
+                        f"{train['init_device']!r}{hint}")
     reason = device_problem(train["device"], here)
     if reason:
         problems.append(f"train.device {train['device']!r}: {reason}")
@@ -260,6 +274,24 @@ def _resume(path: str, train: dict[str, Any]) -> list[str]:
 def _job_path(path: str, value: str) -> str:
     """``value``, a path in the job file ``path``, made absolute (relative: to the file's folder)."""
     return os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)), os.path.expanduser(value)))
+
+
+def compile_backend_problem(backend: Any, check_registered: bool = False) -> str | None:
+    """Why ``backend`` (train.compile_backend) cannot be given to ``torch.compile``, or None.
+    ``check_registered``: also that this torch has such a backend (imports ``torch._dynamo``)."""
+    if not isinstance(backend, str) or not backend.strip():
+        return "write the name of a torch.compile backend (inductor, the default; aot_eager; cudagraphs)"
+    if not check_registered or backend == TRAIN_DEFAULTS["compile_backend"]:
+        return None
+    import torch._dynamo
+
+    if backend not in torch._dynamo.list_backends(exclude_tags=()):
+        known = torch._dynamo.list_backends()  # without the debugging ones
+        guess = difflib.get_close_matches(backend, [*known, "aot_eager", "eager"], n=1, cutoff=0.7)
+        hint = f"did you mean {guess[0]}? " if guess else ""
+        return (f"torch {torch.__version__} has no such compile backend; {hint}known: {', '.join(known)} "
+                "(and debugging ones such as aot_eager and eager)")
+    return None
 
 
 def job_lock(path: str, value: Any):
@@ -346,9 +378,6 @@ def _load_parallel(section: Any, train: dict[str, Any], problems: list[str]):
             ranks.check_batch(b)
         except ParallelConfigError as e:
             problems.append(str(e))
-    if train["compile"] is True and not ranks.is_trivial:
-        problems.append("train.compile with a parallel layout is not supported yet (FSDP2/Ulysses/EP run eagerly "
-                        "here); set train.compile: false")
     return None if found else ParallelLayout(**fields)
 
 

@@ -13,9 +13,9 @@ import time
 from typing import Any
 
 from .baselines import BASELINES, apply_liger, check_baseline, compile_apply, liger_version
-from .errors import RunFailed, TrainConfigError
+from .errors import RunFailed
 from .job import plan_device
-from .model import build_config, build_model, peak_bytes, resolve_device, synthetic_batches
+from .model import build_config, build_model, peak_bytes, reference_model, resolve_device, synthetic_batches
 
 
 def rate_stats(rates: list[float], warmup: int) -> dict[str, Any]:
@@ -40,29 +40,11 @@ def _prepare(job: dict[str, Any], baseline: str | None, device: str, dtype, out,
     import torch
     import transformers
 
-    compiled = bool(job["train"]["compile"]) if baseline is None else baseline.endswith("+compile")
+    t = job["train"]
+    compiled = bool(t["compile"]) if baseline is None else baseline.endswith("+compile")
+    backend = t.get("compile_backend", "inductor")
     if baseline is None:
-        from ..binding import apply
-
-        if compiled:
-            compile_apply(apply)
-        model = build_model(job, device).to(dtype=dtype)
-        kw: dict[str, Any] = {"device": plan_device(device)}
-        if rt is not None:
-            rt.prepare(model)
-            kw["parallel"] = rt
-        kw["lock"] = job.get("lock")  # --lock, the job's lock: key, or (None) VEOMNI_OPS_LOCK
-        binding = apply(model, job["ops"], compile=True, **kw) if compiled else apply(model, job["ops"], **kw)
-        print(binding.plan.table(), file=out)
-        print(f"bound: {json.dumps(binding.summary())}", file=out)
-        facts: dict[str, Any] = {"plan": binding.plan.to_dict(), "bound": binding.summary()}
-        if rt is not None:
-            print(rt.describe(), file=out)
-            model = rt.parallelize(model, binding, dtype)
-            f = rt.fsdp_facts
-            print(f"  FSDP2: reshard_after_forward={f['reshard_after_forward']}"
-                  + (f" ({f['reshard_why']})" if "reshard_why" in f else "") + f"; prefetch {f['prefetch']}", file=out)
-            facts["parallel"] = rt.to_dict()
+        model, facts = _bind(job, device, dtype, out, rt, compiled)
     else:
         model = build_model(job, device, attn_implementation="sdpa").to(dtype=dtype)
         facts = {"plan": None, "bound": None, "baseline_about": BASELINES[baseline],
@@ -73,10 +55,55 @@ def _prepare(job: dict[str, Any], baseline: str | None, device: str, dtype, out,
         print(f"baseline {baseline}: {BASELINES[baseline]} (transformers {transformers.__version__}"
               + (f", liger-kernel {facts['liger_version']}: {facts['liger_patch']}" if baseline == "liger" else "")
               + ")", file=out)
-    if compiled:
-        model = torch.compile(model)
-        print("torch.compile: the first steps include compilation", file=out)
+    if compiled and rt is not None:
+        rt.compile(model, backend)
+        c = rt.compile_facts
+        facts["parallel"] = rt.to_dict()
+        print(f"torch.compile (backend {backend}): {c['layers']} {c['what']} ({', '.join(c['classes'])}), each "
+              f"compiled in place after FSDP2; eager: {c['eager']}. The first steps include compilation", file=out)
+    elif compiled:
+        model = torch.compile(model, backend=backend)
+        print(f"torch.compile (backend {backend}): the whole model; the first steps include compilation", file=out)
     facts["compiled"] = compiled
+    return model, facts
+
+
+def _bind(job: dict[str, Any], device: str, dtype, out, rt, compiled: bool) -> tuple[Any, dict[str, Any]]:
+    """The job's model bound to its plan (for the layout, and FSDP2-sharded, under ``rt``); built
+    on the meta device and materialised with the normal build's weights for ``init_device: meta``."""
+    from ..binding import apply
+
+    if compiled:
+        compile_apply(apply)
+    meta = job["train"].get("init_device") == "meta"
+    model = build_model(job, "meta" if meta else device).to(dtype=dtype)
+    kw: dict[str, Any] = {"device": plan_device(device)}
+    if rt is not None:
+        rt.prepare(model)
+        kw["parallel"] = rt
+    kw["lock"] = job.get("lock")  # --lock, the job's lock: key, or (None) VEOMNI_OPS_LOCK
+    binding = apply(model, job["ops"], compile=True, **kw) if compiled else apply(model, job["ops"], **kw)
+    print(binding.plan.table(), file=out)
+    print(f"bound: {json.dumps(binding.summary())}", file=out)
+    facts: dict[str, Any] = {"plan": binding.plan.to_dict(), "bound": binding.summary(),
+                             "init_device": "meta" if meta else "device"}
+    if rt is not None:
+        print(rt.describe(), file=out)
+        model = rt.parallelize(model, binding, dtype)
+        f = rt.fsdp_facts
+        print(f"  FSDP2: reshard_after_forward={f['reshard_after_forward']}"
+              + (f" ({f['reshard_why']})" if "reshard_why" in f else "") + f"; prefetch {f['prefetch']}", file=out)
+        if meta:  # rank 0 builds the reference; every rank takes its shards of it
+            rt.materialize(model, reference_model(job, dtype) if rt.rank == 0 else None)
+        facts["parallel"] = rt.to_dict()
+    elif meta:
+        from ..parallel.fsdp import init_from_reference
+
+        init_from_reference(model, reference_model(job, dtype), device)
+    if meta:
+        print(f"init: built on the meta device, bound{', FSDP2-sharded' if rt is not None else ''}, then "
+              f"materialised on {device} with the weights and buffers of the normal build (built on the CPU"
+              f"{' by rank 0 and broadcast a tensor at a time' if rt is not None else ''})", file=out)
     return model, facts
 
 
@@ -106,9 +133,6 @@ def _train_parallel(job: dict[str, Any], out) -> dict[str, Any]:
     from ..parallel.layout import world_from_env
 
     t = job["train"]
-    if t["compile"]:
-        raise TrainConfigError(f"{job['path']}: train.compile with a parallel layout is not supported yet "
-                               "(FSDP2/Ulysses/EP run eagerly here); set train.compile: false")
     layout = job.get("parallel") or ParallelLayout.data_parallel(world_from_env())
     layout.check_world(world_from_env())  # every rank refuses the same way, before any collective
     layout.check_model(build_config(job))
@@ -167,6 +191,12 @@ def _train(job: dict[str, Any], out, baseline: str | None = None, rt=None) -> di
         print(f"[{'#' * done}{'.' * (width - done)}] step {i + 1:>3}/{steps}  loss {loss:8.4f}  "
               f"{rate:10.0f} tok/s  {what} {peak / 2**30:6.2f} GiB" + ("  (warm-up)" if i - start < warmup else ""),
               file=out, flush=True)
+        if i == start and facts["compiled"] and rt is not None:
+            from ..parallel.fsdp import graph_breaks
+
+            breaks = rt.compile_facts["graph_breaks"] = graph_breaks()
+            print("torch.compile: graph breaks in the first step: " + ("; ".join(f"{n} x {why}" for why, n in
+                                                                          breaks.items()) or "none"), file=out)
         if ckpt is not None and ckpt.due(i + 1):
             ckpt.save(i + 1, losses, vocab)
     peak, what = peak_bytes(device)

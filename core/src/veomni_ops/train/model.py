@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from .job import ARCHITECTURES, SIZES, TrainConfigError, read_config_file
@@ -39,7 +40,8 @@ def build_config(job: dict[str, Any], attn_implementation: str | None = None):
 
 
 def build_model(job: dict[str, Any], device: str = "cpu", attn_implementation: str | None = None):
-    """The job's model with random weights from ``train.seed``, built in float32 on ``device``."""
+    """The job's model with random weights from ``train.seed``, built in float32 on ``device``
+    (``meta``: shapes only, no memory and no random draws; see :func:`reference_model`)."""
     import torch
     import transformers
 
@@ -53,6 +55,28 @@ def build_model(job: dict[str, Any], device: str = "cpu", attn_implementation: s
                 raise TrainConfigError(f"{job['config_file']}: transformers has no causal-LM class for model_type "
                                        f"{cfg.model_type!r} ({e})") from None
         return getattr(transformers, ARCHITECTURES[job["architecture"]][1])(cfg)
+
+
+def reference_model(job: dict[str, Any], dtype):
+    """The weights ``train.init_device: meta`` gives the job's model: :func:`build_model` on the
+    CPU (the seed's CPU random stream), cast to ``dtype`` as the training path casts. On a CPU job
+    these are the weights of the normal build, bit for bit; on a GPU the normal build draws from
+    the GPU's generator instead, so meta init gives the weights of the CPU build (the same on
+    every machine and layout). Built with every CPU thread this process may use (under torchrun
+    each rank gets one; the other ranks wait for this one); CPU random fills are serial, so the
+    thread count does not change them."""
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        cpus = os.cpu_count() or threads
+    torch.set_num_threads(max(threads, cpus))
+    try:
+        return build_model(job, "cpu").to(dtype=dtype)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def synthetic_batches(vocab: int, batch: int, seq: int, steps: int, seed: int, device, start: int = 0):
