@@ -5,7 +5,9 @@ neighbours; an opaque kernel (a Triton launch, a custom op) is a fusion boundary
 committed measurement shows the compiled reference faster than the kernel ``auto`` would
 otherwise take, compile-mode ``auto`` binds the reference for that op, and the plan's reason
 cites the measurement. Every other op keeps the priority order (among kernels that say
-``supports_compile``). A named kernel is never replaced.
+``supports_compile``). A named kernel is never replaced. Each op's folder declares its measured
+choices (``OpDef.compile_preferences`` in ``veomni_ops/ops/<op>/__init__.py``); this module reads
+them, and says below what they rest on.
 
 Every measurement below was made on one device kind, an H100 (CUDA capability 9.0), so a
 preference applies on that capability only (:data:`MEASURED_ON`; an H200 is 9.0 too). On any
@@ -43,45 +45,20 @@ process):
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
-#: The CUDA capability every preference was measured on (an H100): they apply there only.
-MEASURED_ON = (9, 0)
+# The preference type and the evidence live with the ops' own declarations (each op's folder
+# lists its measured choices); named here as they always were.
+from .ops import OP_DEFS
+from .ops.base import EVIDENCE, FLCE_EVIDENCE, MEASURED_ON, STEP_EVIDENCE, Preference
 
-EVIDENCE = "benchmarks/results/h100-2026-11-24-compile-ablation"
-#: The fused linear cross-entropy under compile (issue 13's kernel beside transformers + compile).
-FLCE_EVIDENCE = "benchmarks/results/h100-2026-11-25-flce"
-#: The whole step after the MoE kernels' speed-ups (experts grouped_mm vs triton under compile).
-STEP_EVIDENCE = "benchmarks/results/h100-2026-11-25-step"
-
-
-@dataclass(frozen=True)
-class Preference:
-    kernel: str
-    variant: str
-    why: str
-    evidence: str = EVIDENCE
-    #: the device capability it was measured on, and the only one it applies to
-    capability: tuple[int, int] = MEASURED_ON
-
+__all__ = ["COMPILE_PREFERENCES", "EVIDENCE", "FLCE_EVIDENCE", "MEASURED_ON", "STEP_EVIDENCE", "Preference",
+           "capability_text", "not_measured_here", "preferences"]
 
 #: (op, device type) -> the kernels and variants compile-mode ``auto`` takes, best first: the
-#: first one usable here (a plugin may not be installed).
+#: first one usable here (a plugin may not be installed). Each op's folder declares its own
+#: (``OpDef.compile_preferences``).
 COMPILE_PREFERENCES: Mapping[tuple[str, str], tuple[Preference, ...]] = {
-    ("rms_norm", "cuda"): (Preference("eager", "standard", "compiled eager measured faster than triton (+6% step "
-                                      "with rotary and swiglu, dense model; the MoE figures have no file)"),),
-    ("rotary", "cuda"): (Preference("eager", "full", "compiled eager measured faster than triton (dense model)"),),
-    ("swiglu", "cuda"): (Preference("eager", "standard", "compiled eager measured faster than triton (dense model)"),),
-    ("moe_experts", "cuda"): (Preference("grouped_mm", "standard", "grouped_mm (torch._grouped_mm) measured faster "
-                                         "per step than triton under torch.compile (bf16, MoE small, one run: "
-                                         "2.4%)", STEP_EVIDENCE),),
-    ("cross_entropy", "cuda"): (
-        Preference("triton", "fused_linear", "veomni-triton's fused linear loss measured against transformers + "
-                   "compile in the same run: dense 1.06x at 0.62x memory, MoE 1.07x-1.11x at 0.67x (the compiled "
-                   "logits loss it replaces: 1.01x / 1.08x at 1.0x memory, another day's runs)", FLCE_EVIDENCE),
-        Preference("eager", "logits", "compiled logits + cross-entropy measured 27% faster per step than the chunked "
-                   "fused loss (dense model; +3.7 GiB peak: name a fused kernel to trade speed for memory)"),
-    ),
+    (op, device_type): prefs for op, d in OP_DEFS.items() for device_type, prefs in d.compile_preferences.items()
 }
 
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
-from .ops import OP_TABLE
+from .ops import OP_DEFS, OP_TABLE
 from .spec import QUALIFIER, SpecError, normalize_name, split_name
 from .veomni import DEFAULTS, VEOMNI_DEFAULTS, device_value, legacy_note
 
@@ -69,28 +69,11 @@ UNMANAGED_FIELDS: Mapping[str, str] = {
 #: device; qualified, it maps here (a distribution named is VeOmni's rewrite opted out of).
 LEGACY_VALUES: Mapping[str, Mapping[str, str]] = {
     "*": {"liger_kernel": "liger"},
-    "moe_experts": {"fused": "quack", "fused_triton": "triton", "fused_npu": "npu", "fused_quack": "quack"},
-    "cross_entropy": {"chunk_loss": "chunked"},
-    "attention": {
-        "veomni_flash_attention_2_with_sp": "flash_attention_2",
-        "veomni_flash_attention_3_with_sp": "flash_attention_3",
-        "veomni_flash_attention_4_with_sp": "flash_attention_4",
-        "veomni_flex_attention_with_sp": "flex_attention",
-    },
+    **{op: d.legacy for op, d in OP_DEFS.items() if d.legacy},  # each op's own, from its folder
 }
 
-#: What a legacy value meant beyond the kernel it maps to: said in its warning.
-LEGACY_NOTES: Mapping[str, str] = {
-    f"veomni_flash_attention_{v}_with_sp": (
-        f"it meant flash_attention_{v}, sequence-parallel when sp > 1: write flash_attention_{v} and set the job's "
-        "parallel.sp (Ulysses sequence parallelism now wraps any attention kernel; with sp 1 it runs as it is)"
-    ) for v in (2, 3, 4)
-} | {
-    "veomni_flex_attention_with_sp": (
-        "it meant flex_attention, sequence-parallel when sp > 1; veomni-ops' flex_attention does not run under "
-        "sequence parallelism (a job with parallel.sp > 1 refuses it: take sdpa or a flash kernel there)"
-    )
-}
+#: What a legacy value meant beyond the kernel it maps to: said in its warning (each op's, from its folder).
+LEGACY_NOTES: Mapping[str, str] = {value: note for d in OP_DEFS.values() for value, note in d.legacy_notes.items()}
 
 #: Environment variables VeOmni removed; setting one is an error that says what to write.
 REMOVED_ENV_VARS: Mapping[str, str] = {

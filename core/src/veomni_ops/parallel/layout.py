@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..config import ConfigError
+from ..ops import PARALLEL
 
 #: fields of the ``parallel:`` section, with what each means (for messages and the README)
 FIELDS: Mapping[str, str] = {
@@ -151,13 +152,12 @@ class ParallelLayout:
         return list(range(start, start + self.ep))
 
     def needs(self) -> dict[str, tuple[str, ...]]:
-        """What kernels must declare (``KernelSpec.parallel``) to run in this layout, per op."""
-        out: dict[str, tuple[str, ...]] = {}
-        if self.sp > 1:
-            out["attention"] = ("sp",)
-        if self.ep > 1:
-            out["moe_experts"] = ("ep",)
-        return out
+        """What kernels must declare (``KernelSpec.parallel``) to run in this layout, per op: each
+        parallel mode an op offers (:data:`veomni_ops.ops.PARALLEL`: ``sp`` for attention, ``ep``
+        for the experts) that this layout uses (its size above 1)."""
+        active = {"sp": self.sp > 1, "ep": self.ep > 1}
+        out = {op: tuple(m for m in modes if active.get(m)) for op, modes in PARALLEL.items()}
+        return {op: modes for op, modes in out.items() if modes}
 
     # -- checks against the world, the model, the batch ----------------------------------------
     def check_world(self, world_size: int, launcher: str = "") -> None:

@@ -25,18 +25,12 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = [
-    "AttentionConformance",
-    "ConformanceBase",
-    "CrossEntropyConformance",
-    "LoadBalancingLossConformance",
-    "MoeExpertsConformance",
-    "RmsNormConformance",
-    "RotaryConformance",
-    "SwigluConformance",
-    "check_kernel",
-    "run_checks",
-]
+from ..ops import OP_DEFS, conformance_class_name
+
+#: The per-op conformance base classes (``SwigluConformance``, ...), one per op folder.
+_CLASSES = tuple(conformance_class_name(op) for op in OP_DEFS)
+
+__all__ = ["ConformanceBase", *_CLASSES, "check_kernel", "run_checks"]
 
 _LAZY = {
     "check_kernel": "veomni_ops.testing.runner",
@@ -49,7 +43,7 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         return getattr(importlib.import_module(_LAZY[name]), name)
-    if name in __all__:
+    if name == "ConformanceBase" or name in _CLASSES:
         from . import conformance
 
         return getattr(conformance, name)

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import pytest
 
+from ..ops import OP_DEFS, conformance_class_name
 from ..registry import Registry
 
 if TYPE_CHECKING:
@@ -321,29 +322,17 @@ class ConformanceBase:
                   seed=cls._seed(request.config))
 
 
-class RmsNormConformance(ConformanceBase):
-    op = "rms_norm"
+def _conformance_classes() -> dict[str, type[ConformanceBase]]:
+    """One base class per op (:data:`veomni_ops.ops.OP_DEFS`): ``RmsNormConformance`` for
+    ``rms_norm``, ... (:func:`veomni_ops.ops.conformance_class_name`)."""
+    out = {}
+    for op in OP_DEFS:
+        name = conformance_class_name(op)
+        doc = f"The conformance tests of one ``{op}`` kernel: subclass it and set ``kernel_name``."
+        out[name] = type(name, (ConformanceBase,), {"op": op, "__module__": __name__, "__doc__": doc})
+    return out
 
 
-class RotaryConformance(ConformanceBase):
-    op = "rotary"
-
-
-class SwigluConformance(ConformanceBase):
-    op = "swiglu"
-
-
-class CrossEntropyConformance(ConformanceBase):
-    op = "cross_entropy"
-
-
-class MoeExpertsConformance(ConformanceBase):
-    op = "moe_experts"
-
-
-class LoadBalancingLossConformance(ConformanceBase):
-    op = "load_balancing_loss"
-
-
-class AttentionConformance(ConformanceBase):
-    op = "attention"
+#: The per-op classes by name, generated from the op folders; each is also a name of this module.
+CONFORMANCE_CLASSES: dict[str, type[ConformanceBase]] = _conformance_classes()
+globals().update(CONFORMANCE_CLASSES)

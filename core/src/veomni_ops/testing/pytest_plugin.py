@@ -23,7 +23,10 @@ from typing import Any
 
 import pytest
 
-OPS = ("rms_norm", "rotary", "swiglu", "cross_entropy", "moe_experts", "load_balancing_loss", "attention")
+from ..ops import OP_TABLE
+
+#: The ops an option may name: read from the op folders (:mod:`veomni_ops.ops`, light: no torch).
+OPS = tuple(OP_TABLE)
 
 
 def pytest_addoption(parser: Any) -> None:
