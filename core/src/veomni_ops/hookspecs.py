@@ -33,10 +33,13 @@ and ``my_backend/specs.py``::
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import pluggy
 
 from .ops import OP_DEFS
+from .spec import KernelSpec
 
 PROJECT = "veomni_ops"
 ENTRY_POINT_GROUP = "veomni_ops.backends"
@@ -123,10 +126,31 @@ hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
+_EXAMPLE = """
+Example::
+
+    @hookimpl
+    def {op}():
+        return [KernelSpec(name="mine", op="{op}", variant="{variant}",
+                           factory="my_backend.kernels.{op}:{op}")]
+"""
+
+
+def _hookspec(op: str, contract: str, variant: str) -> Callable[..., Iterable[KernelSpec]]:
+    """The hook of ``op``: no argument, returns the backend's specs for it; its docstring is the
+    op's kernel contract (from the op's folder) and an example implementation."""
+
+    def hook(self: Any) -> Iterable[KernelSpec]:
+        ...  # pluggy reads a hookspec's name and signature, never runs it
+
+    hook.__name__, hook.__qualname__ = op, f"OpHookspecs.{op}"
+    hook.__doc__ = contract + _EXAMPLE.format(op=op, variant=variant)
+    return hookspec(hook)
+
+
 def _op_hookspecs() -> type:
-    """One hook per op (:data:`veomni_ops.ops.OP_DEFS`), named after it: the op folder's contract
-    (``veomni_ops/ops/<op>/__init__.py``), marked as a hookspec."""
-    methods = {op: hookspec(d.contract) for op, d in OP_DEFS.items()}
+    """One hook per op (:data:`veomni_ops.ops.OP_DEFS`), named after it."""
+    methods = {op: _hookspec(op, d.contract, d.info.variants[0]) for op, d in OP_DEFS.items()}
     doc = "One hook per op; each returns the :class:`KernelSpec` objects a backend offers for it."
     return type("OpHookspecs", (), {"__module__": __name__, "__doc__": doc, **methods})
 

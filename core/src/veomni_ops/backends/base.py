@@ -49,23 +49,17 @@ LOSS_TOLERANCES: Mapping[str, Tolerance] = {
 }
 
 
+def core_spec(name: str, op: str, variant: str, factory: str, tolerances: Mapping[str, Tolerance], description: str,
+              **kw: Any) -> KernelSpec:
+    """One of the core's own specs: ``factory`` is ``"module:attr"``; unless ``kw`` says otherwise
+    it runs anywhere, in every dtype, with a backward, under compile, at the ``eager`` priority."""
+    fields: dict[str, Any] = dict(hardware=ANYWHERE, supports_backward=True, supports_compile=True, dtypes=ALL_DTYPES,
+                                  priority=EAGER_PRIORITY)
+    return KernelSpec(name=name, op=op, variant=variant, factory=factory, tolerances=tolerances,
+                      description=description, **(fields | kw))
+
+
 def eager_spec(op: str, variant: str, factory: str, tolerances: Mapping[str, Tolerance], description: str,
                **kw: Any) -> KernelSpec:
-    """The ``eager`` spec of ``op``/``variant``: the reference kernel ``factory``
-    (``"module:attr"``), anywhere, every dtype, priority 0, compilable unless ``supports_compile=False``."""
-    return KernelSpec(
-        name="eager",
-        op=op,
-        variant=variant,
-        factory=factory,
-        hardware=ANYWHERE,
-        supports_backward=True,
-        supports_compile=kw.pop("supports_compile", True),
-        dtypes=ALL_DTYPES,
-        priority=EAGER_PRIORITY,
-        tolerances=tolerances,
-        description=description,
-        **kw,
-    )
-
-
+    """The ``eager`` spec of ``op``/``variant``: the reference kernel ``factory`` (:func:`core_spec`)."""
+    return core_spec("eager", op, variant, factory, tolerances, description, **kw)

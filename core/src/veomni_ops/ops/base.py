@@ -10,7 +10,7 @@ wrapper). Nothing here imports torch, and nothing here imports another module of
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,9 +72,9 @@ class OpDef:
 
     ``name``: the op (and its folder's, its hook's name). ``order``: its place among the ops
     (resolution goes through them, and a plan lists them, in this order). ``contract``: the
-    hookspec, a method ``def <name>(self) -> Iterable[KernelSpec]`` whose docstring is the
-    op's kernel contract (:mod:`veomni_ops.hookspecs` marks it). ``package``: the folder's
-    module (``__name__``), which the relative references below are resolved against.
+    op's kernel contract, the docstring of its hook (:class:`veomni_ops.hookspecs.OpHookspecs`):
+    the kernel's signature, layouts, dtypes, what backward produces, edge cases. ``package``:
+    the folder's module (``__name__``), which the relative references below are resolved against.
 
     ``legacy``: legacy VeOmni values -> today's kernel names (accepted with a warning, see
     :data:`veomni_ops.config.LEGACY_VALUES`); ``legacy_notes``: what a legacy value meant
@@ -93,7 +93,7 @@ class OpDef:
     name: str
     order: int
     info: OpInfo
-    contract: Callable[..., Any]
+    contract: str
     package: str
     legacy: Mapping[str, str] = field(default_factory=dict)
     legacy_notes: Mapping[str, str] = field(default_factory=dict)
@@ -109,9 +109,8 @@ class OpDef:
             raise ValueError(f"op {self.name!r}: an op's name is a lower-case Python identifier (its hook's name)")
         if not self.info.variants:
             raise ValueError(f"op {self.name!r}: OpInfo.variants lists at least one variant (the first is the default)")
-        if getattr(self.contract, "__name__", None) != self.name:
-            raise ValueError(f"op {self.name!r}: its contract (the hookspec) is a function named {self.name!r}, "
-                             f"got {getattr(self.contract, '__name__', self.contract)!r}")
+        if not isinstance(self.contract, str) or not self.contract.strip():
+            raise ValueError(f"op {self.name!r}: its contract is the text of its kernel contract (the hook's docstring)")
 
     def part(self, which: str) -> Any:
         """The heavy part ``which`` (``"reference"``, ``"binder"``, ``"harness"``, ``"bench"``,

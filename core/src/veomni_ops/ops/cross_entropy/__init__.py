@@ -1,67 +1,43 @@
-"""The ``cross_entropy`` op: token-level cross-entropy of a causal LM, from logits or fused with the LM head.
-
-Everything the core knows about it lives in this folder (see :mod:`veomni_ops.ops`); this
-module is the light part: its table entry and kernel contract (the hookspec below).
-"""
+"""The ``cross_entropy`` op (see :mod:`veomni_ops.ops`): the causal LM's token-level cross-entropy, from logits or fused with the LM head."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ..base import FLCE_EVIDENCE, OpDef, OpInfo, Preference
 
-if TYPE_CHECKING:
-    from collections.abc import Iterable
+#: The kernel contract: the docstring of the ``cross_entropy`` hook (:class:`veomni_ops.hookspecs.OpHookspecs`).
+CONTRACT = """Token-level cross-entropy, returned as a **sum** over the tokens that count.
 
-    from ...spec import KernelSpec
+Variants and signatures::
 
+    logits:        kernel(logits: Tensor[N, V], labels: LongTensor[N], *,
+                          ignore_index: int = -100) -> Tensor[]  (float32)
+    fused_linear:  kernel(hidden: Tensor[N, H], weight: Tensor[V, H], labels: LongTensor[N], *,
+                          bias: Tensor[V] | None = None, ignore_index: int = -100) -> Tensor[]
 
-def cross_entropy(self) -> Iterable[KernelSpec]:
-    """Token-level cross-entropy, returned as a **sum** over the tokens that count.
+The result is ``sum_i CE(z_i, labels_i)`` over ``labels_i != ignore_index``, in
+float32 (logits are upcast to float32 before the log-softmax). For
+``fused_linear``, ``z = hidden @ weight.T (+ bias)`` computed in the input dtype
+and never held whole for all N tokens (that is its point). With every label
+ignored the sum is 0 and gradients are zero.
 
-    Variants and signatures::
+Labels outside ``[0, V)`` other than ``ignore_index`` are an error: ``ValueError``
+naming the op and the offending label. Reading the labels costs a host
+synchronisation on an accelerator, so a kernel that does not synchronise anyway
+checks them with one reduction where that is free (CPU tensors) or asked for
+(``VEOMNI_OPS_CHECK_VALUES=1``, the debugging switch), and otherwise must not read
+out of bounds silently: it stops at a device-side assertion (PyTorch's own, in the
+core's kernels). Kernels that synchronise anyway (Liger's, Quack's) always check.
 
-        logits:        kernel(logits: Tensor[N, V], labels: LongTensor[N], *,
-                              ignore_index: int = -100) -> Tensor[]  (float32)
-        fused_linear:  kernel(hidden: Tensor[N, H], weight: Tensor[V, H], labels: LongTensor[N], *,
-                              bias: Tensor[V] | None = None, ignore_index: int = -100) -> Tensor[]
-
-    The result is ``sum_i CE(z_i, labels_i)`` over ``labels_i != ignore_index``, in
-    float32 (logits are upcast to float32 before the log-softmax). For
-    ``fused_linear``, ``z = hidden @ weight.T (+ bias)`` computed in the input dtype
-    and never held whole for all N tokens (that is its point). With every label
-    ignored the sum is 0 and gradients are zero.
-
-    Labels outside ``[0, V)`` other than ``ignore_index`` are an error: ``ValueError``
-    naming the op and the offending label. Reading the labels costs a host
-    synchronisation on an accelerator, so a kernel that does not synchronise anyway
-    checks them with one reduction where that is free (CPU tensors) or asked for
-    (``VEOMNI_OPS_CHECK_VALUES=1``, the debugging switch), and otherwise must not read
-    out of bounds silently: it stops at a device-side assertion (PyTorch's own, in the
-    core's kernels). Kernels that synchronise anyway (Liger's, Quack's) always check.
-
-    The core does the rest, exactly as transformers' ``ForCausalLMLoss``: the label
-    shift, then division by the number of counted tokens, or by
-    ``num_items_in_batch`` under gradient accumulation. Returning the sum is what
-    makes that division exact. Backward produces gradients for ``logits`` (or
-    ``hidden``, ``weight`` and ``bias``).
-
-    Example::
-
-        @hookimpl
-        def cross_entropy():
-            return [KernelSpec(name="mine", op="cross_entropy", variant="fused_linear",
-                               factory="my_backend.kernels.flce:fused_linear_ce_sum")]
-    """
-
+The core does the rest, exactly as transformers' ``ForCausalLMLoss``: the label
+shift, then division by the number of counted tokens, or by
+``num_items_in_batch`` under gradient accumulation. Returning the sum is what
+makes that division exact. Backward produces gradients for ``logits`` (or
+``hidden``, ``weight`` and ``bias``).
+"""
 
 OP = OpDef(
-    name="cross_entropy",
-    order=40,
-    info=OpInfo(("logits", "fused_linear"), "cross_entropy_loss_implementation"),
-    contract=cross_entropy,
-    package=__name__,
-    legacy={"chunk_loss": "chunked"},
+    "cross_entropy", order=40, info=OpInfo(("logits", "fused_linear"), "cross_entropy_loss_implementation"),
+    contract=CONTRACT, package=__name__, legacy={"chunk_loss": "chunked"},
     compile_preferences={"cuda": (
         Preference("triton", "fused_linear", "veomni-triton's fused linear loss measured against transformers + "
                    "compile in the same run: dense 1.06x at 0.62x memory, MoE 1.07x-1.11x at 0.67x (the compiled "

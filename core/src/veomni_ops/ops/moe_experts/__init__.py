@@ -1,68 +1,46 @@
-"""The ``moe_experts`` op: the routed experts of an MoE layer.
-
-Everything the core knows about it lives in this folder (see :mod:`veomni_ops.ops`); this
-module is the light part: its table entry and kernel contract (the hookspec below).
-"""
+"""The ``moe_experts`` op (see :mod:`veomni_ops.ops`): the routed experts of an MoE layer."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ..base import STEP_EVIDENCE, OpDef, OpInfo, Preference
 
-if TYPE_CHECKING:
-    from collections.abc import Iterable
+#: The kernel contract: the docstring of the ``moe_experts`` hook (:class:`veomni_ops.hookspecs.OpHookspecs`).
+CONTRACT = """The routed experts of an MoE layer, transformers v5 layout, SiLU-gated.
 
-    from ...spec import KernelSpec
+Kernel signature::
 
+    kernel(hidden_states: Tensor[T, H], top_k_index: LongTensor[T, K],
+           top_k_weights: Tensor[T, K], gate_up_proj: Tensor[E, 2I, H],
+           down_proj: Tensor[E, H, I]) -> Tensor[T, H]
 
-def moe_experts(self) -> Iterable[KernelSpec]:
-    """The routed experts of an MoE layer, transformers v5 layout, SiLU-gated.
+For every token t and route k with expert ``e = top_k_index[t, k]``:
+``g, u = (gate_up_proj[e] @ h_t).chunk(2)``; ``y_tk = down_proj[e] @ (silu(g) * u)``;
+``out_t = sum_k top_k_weights[t, k] * y_tk``. Output in ``hidden_states.dtype``.
+It must be correct when an expert gets no token, when every token goes to one
+expert, and when a token lists the same expert twice. Backward produces
+gradients for ``hidden_states``, ``top_k_weights``, ``gate_up_proj`` and
+``down_proj``. Variant: ``standard``.
 
-    Kernel signature::
-
-        kernel(hidden_states: Tensor[T, H], top_k_index: LongTensor[T, K],
-               top_k_weights: Tensor[T, K], gate_up_proj: Tensor[E, 2I, H],
-               down_proj: Tensor[E, H, I]) -> Tensor[T, H]
-
-    For every token t and route k with expert ``e = top_k_index[t, k]``:
-    ``g, u = (gate_up_proj[e] @ h_t).chunk(2)``; ``y_tk = down_proj[e] @ (silu(g) * u)``;
-    ``out_t = sum_k top_k_weights[t, k] * y_tk``. Output in ``hidden_states.dtype``.
-    It must be correct when an expert gets no token, when every token goes to one
-    expert, and when a token lists the same expert twice. Backward produces
-    gradients for ``hidden_states``, ``top_k_weights``, ``gate_up_proj`` and
-    ``down_proj``. Variant: ``standard``.
-
-    Expert indices outside ``[0, E)``: ``-1`` and ``E`` mean "this route goes to no
-    expert here" -- what an expert-parallel dispatcher writes for a route whose expert
-    lives on another rank (transformers writes ``E``): the route contributes zero to
-    ``out_t``, its ``top_k_weights`` entry gets a zero gradient, and no expert's
-    weights see it. Any other index (``< -1`` or ``> E``) is an error: ``ValueError``
-    naming the op, the index and E. A kernel that synchronises with the host anyway
-    checks always; one that promises no synchronisation checks where reading the
-    indices is free (CPU tensors) or asked for (``VEOMNI_OPS_CHECK_VALUES=1``), and
-    otherwise asserts on the device where it can (``torch._assert_async`` on CUDA: the
-    process stops at a device-side assertion); either way it never reads out of bounds
-    and such a route never contributes to the output. The core's
-    ``veomni_ops.kernels.moe.check_expert_index`` implements exactly this.
-
-    Example::
-
-        @hookimpl
-        def moe_experts():
-            return [KernelSpec(name="mine", op="moe_experts", variant="standard",
-                               factory="my_backend.kernels.moe:experts_forward")]
-    """
-
+Expert indices outside ``[0, E)``: ``-1`` and ``E`` mean "this route goes to no
+expert here" -- what an expert-parallel dispatcher writes for a route whose expert
+lives on another rank (transformers writes ``E``): the route contributes zero to
+``out_t``, its ``top_k_weights`` entry gets a zero gradient, and no expert's
+weights see it. Any other index (``< -1`` or ``> E``) is an error: ``ValueError``
+naming the op, the index and E. A kernel that synchronises with the host anyway
+checks always; one that promises no synchronisation checks where reading the
+indices is free (CPU tensors) or asked for (``VEOMNI_OPS_CHECK_VALUES=1``), and
+otherwise asserts on the device where it can (``torch._assert_async`` on CUDA: the
+process stops at a device-side assertion); either way it never reads out of bounds
+and such a route never contributes to the output. The core's
+``veomni_ops.kernels.moe.check_expert_index`` implements exactly this.
+"""
 
 OP = OpDef(
-    name="moe_experts",
-    order=50,
-    info=OpInfo(("standard",), "moe_implementation", parallel=("ep",)),
-    contract=moe_experts,
+    "moe_experts", order=50, info=OpInfo(("standard",), "moe_implementation", parallel=("ep",)), contract=CONTRACT,
     package=__name__,
     legacy={"fused": "quack", "fused_triton": "triton", "fused_npu": "npu", "fused_quack": "quack"},
-    compile_preferences={"cuda": (Preference("grouped_mm", "standard", "grouped_mm (torch._grouped_mm) measured faster "
-                                             "per step than triton under torch.compile (bf16, MoE small, one run: "
-                                             "2.4%)", STEP_EVIDENCE),)},
+    compile_preferences={"cuda": (
+        Preference("grouped_mm", "standard", "grouped_mm (torch._grouped_mm) measured faster per step than triton "
+                   "under torch.compile (bf16, MoE small, one run: 2.4%)", STEP_EVIDENCE),
+    )},
 )

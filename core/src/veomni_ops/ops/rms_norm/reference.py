@@ -1,6 +1,4 @@
-"""The core's own kernels of ``rms_norm``: the ``eager`` reference standard and offset (registered
-by :mod:`veomni_ops.backends.reference`). Light: factories are ``"module:attr"`` strings.
-"""
+"""The core's ``rms_norm`` kernels: ``eager`` in both variants (light: ``"module:attr"`` factories)."""
 
 from __future__ import annotations
 

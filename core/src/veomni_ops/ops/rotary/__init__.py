@@ -1,52 +1,28 @@
-"""The ``rotary`` op: rotary position embedding of queries and keys.
-
-Everything the core knows about it lives in this folder (see :mod:`veomni_ops.ops`); this
-module is the light part: its table entry and kernel contract (the hookspec below).
-"""
+"""The ``rotary`` op (see :mod:`veomni_ops.ops`): rotary position embedding of queries and keys."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ..base import OpDef, OpInfo, Preference
 
-if TYPE_CHECKING:
-    from collections.abc import Iterable
+#: The kernel contract: the docstring of the ``rotary`` hook (:class:`veomni_ops.hookspecs.OpHookspecs`).
+CONTRACT = """Rotary position embedding of queries and keys (transformers' ``rotate_half`` form).
 
-    from ...spec import KernelSpec
+Kernel signature::
 
+    kernel(q: Tensor[B, Hq, S, D], k: Tensor[B, Hk, S, D],
+           cos: Tensor[B, S, R], sin: Tensor[B, S, R]) -> tuple[Tensor, Tensor]
 
-def rotary(self) -> Iterable[KernelSpec]:
-    """Rotary position embedding of queries and keys (transformers' ``rotate_half`` form).
+``cos``/``sin`` are what the model's rotary embedding module returns
+(``cat(freqs, freqs)``, so R is even). The first R channels of every head are
+rotated, ``x*cos + rotate_half(x)*sin``; the remaining ``D - R`` pass through
+unchanged. Outputs have the shapes and dtypes of ``q`` and ``k``.
 
-    Kernel signature::
-
-        kernel(q: Tensor[B, Hq, S, D], k: Tensor[B, Hk, S, D],
-               cos: Tensor[B, S, R], sin: Tensor[B, S, R]) -> tuple[Tensor, Tensor]
-
-    ``cos``/``sin`` are what the model's rotary embedding module returns
-    (``cat(freqs, freqs)``, so R is even). The first R channels of every head are
-    rotated, ``x*cos + rotate_half(x)*sin``; the remaining ``D - R`` pass through
-    unchanged. Outputs have the shapes and dtypes of ``q`` and ``k``.
-
-    Variants: ``full`` (R == D) and ``partial`` (R < D, as Qwen3.5 / Qwen3-Next /
-    GLM use). Backward produces gradients for ``q`` and ``k``.
-
-    Example::
-
-        @hookimpl
-        def rotary():
-            return [KernelSpec(name="mine", op="rotary", variant="full",
-                               factory="my_backend.kernels.rope:apply_rotary")]
-    """
-
+Variants: ``full`` (R == D) and ``partial`` (R < D, as Qwen3.5 / Qwen3-Next /
+GLM use). Backward produces gradients for ``q`` and ``k``.
+"""
 
 OP = OpDef(
-    name="rotary",
-    order=20,
-    info=OpInfo(("full", "partial"), "rotary_pos_emb_implementation"),
-    contract=rotary,
+    "rotary", order=20, info=OpInfo(("full", "partial"), "rotary_pos_emb_implementation"), contract=CONTRACT,
     package=__name__,
-    compile_preferences={"cuda": (Preference("eager", "full", "compiled eager measured faster than triton (dense "
-                                             "model)"),)},
+    compile_preferences={"cuda": (Preference("eager", "full", "compiled eager measured faster than triton (dense model)"),)},
 )

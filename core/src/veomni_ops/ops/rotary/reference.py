@@ -1,6 +1,4 @@
-"""The core's own kernels of ``rotary``: the ``eager`` reference full and partial (registered by
-:mod:`veomni_ops.backends.reference`). Light: factories are ``"module:attr"`` strings.
-"""
+"""The core's ``rotary`` kernels: ``eager``, full and partial (light: ``"module:attr"`` factories)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""The core's own kernels of ``swiglu``: the ``eager`` reference (registered by
-:mod:`veomni_ops.backends.reference`). Light: factories are ``"module:attr"`` strings.
-"""
+"""The core's ``swiglu`` kernel: ``eager`` (light: a ``"module:attr"`` factory)."""
 
 from __future__ import annotations
 
