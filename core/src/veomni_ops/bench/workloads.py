@@ -234,7 +234,7 @@ def _cross_entropy_inputs(w: Workload, b: Any, g: Any, randn: Callable[..., Any]
     :class:`~veomni_ops.testing.cases.Builder`, ``g`` the device generator, ``randn`` the dense draws)."""
     import torch
 
-    from ..testing.cases.cross_entropy import peaked_linear, peaked_logits
+    from ..ops.cross_entropy.cases import peaked_linear, peaked_logits
 
     sh = w.shape
     n, v = sh["tokens"], sh["vocab"]

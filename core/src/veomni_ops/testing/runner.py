@@ -31,11 +31,13 @@ of two is exact in floating point); without it a weight gradient summed over tho
 rows would face the same absolute tolerance as an elementwise output of order one, and a
 gradient of order 1e-3 would pass whatever its value.
 
-The kit's modules: :mod:`~veomni_ops.testing.cases` (inputs per op, as data),
-:mod:`~veomni_ops.testing.execution` (where cases run), :mod:`~veomni_ops.testing.compare`
+The kit's modules: :mod:`~veomni_ops.testing.cases` (inputs per op, as data, from the op
+folders), :mod:`~veomni_ops.testing.execution` (where cases run), :mod:`~veomni_ops.testing.compare`
 (the rule above), :mod:`~veomni_ops.testing.case_check` (one case),
+:mod:`~veomni_ops.testing.prepare` (one registered kernel resolved for checking, for test
+frameworks too), :mod:`~veomni_ops.testing.compiles` (the compile check),
 :mod:`~veomni_ops.testing.results` (reports), and this module: one kernel, many kernels
-(``run_checks``), and ``prepare`` for test frameworks. Its names stay importable from here.
+(``run_checks``). Their names stay importable from here.
 """
 
 from __future__ import annotations
@@ -46,10 +48,8 @@ from typing import Any
 
 import torch
 
-from ..config import OP_TO_FIELD, OpsConfig
-from ..device import DeviceError, DeviceInfo, current_device
+from ..device import DeviceInfo, current_device
 from ..registry import RegisteredKernel, Registry
-from ..resolve import ResolutionError, resolve
 from ..spec import KernelSpec, normalize_name
 from .case_check import case_cotangents, check_case, grad_leaves, run_backward
 from .cases import SIZES, TORCH_DTYPES, Builder, Case, OpHarness, harness
@@ -66,6 +66,7 @@ from .execution import (
     execution_device,
     interpreter_active,
 )
+from .prepare import Unusable, case_seed, kernel_dtypes, prepare, refusal_reason, resolve_kernel
 from .results import CaseResult, CheckReport, KernelReport
 
 #: What callers (the kit's test bases, ``veomni-ops check`` and ``bench``, backends' own tests)
@@ -80,11 +81,6 @@ __all__ = [
 ]
 
 # --------------------------------------------------------------------------- one kernel
-def kernel_dtypes(spec: KernelSpec, dtypes: Iterable[str] | None = None) -> list[str]:
-    if dtypes is None:
-        return list(spec.dtypes)
-    want = [str(d).removeprefix("torch.") for d in dtypes]
-    return [d for d in spec.dtypes if d in want]
 
 
 def check_kernel(
@@ -115,11 +111,6 @@ def check_kernel(
     return out
 
 
-def case_seed(seed: int, index: int) -> int:
-    """The seed of the ``index``-th case of a run seeded with ``seed`` (each case draws anew)."""
-    return seed + 1000 * index
-
-
 # --------------------------------------------------------------------------- many kernels
 
 
@@ -135,20 +126,6 @@ def backend_matches(rk: RegisteredKernel, backend: str) -> bool:
     except Exception:
         pass
     return want in names
-
-
-def resolve_kernel(rk: RegisteredKernel, registry: Registry, dev: DeviceInfo) -> Callable[..., Any]:
-    """Resolve exactly ``rk`` by name (``load=True``); raises ResolutionError with the reason."""
-    spec = rk.spec
-    # The name a config writes for exactly this kernel: qualified where two distributions register it.
-    fields: dict[str, Any] = {OP_TO_FIELD[spec.op]: registry.name_of(rk)}
-    cfg = OpsConfig(**fields)
-    plan = resolve(cfg, dev, needs={spec.op: [spec.variant]}, registry=registry, training=False, load=True)
-    return plan.kernel(spec.op, spec.variant)
-
-
-def refusal_reason(e: ResolutionError) -> str:
-    return "; ".join(r.why for r in e.refusals) or str(e)
 
 
 def selected_kernels(registry: Registry, backend: str | None = None, op: str | None = None) -> list[RegisteredKernel]:
@@ -262,7 +239,7 @@ def determinism_problem(fn: Callable[..., Any], spec: KernelSpec, *, device: tor
 
 
 def _compile_verdict(reg: Registry, rk: RegisteredKernel, dev: DeviceInfo) -> str:
-    from .conformance import ConformanceFailure, check_compiles
+    from .compiles import ConformanceFailure, check_compiles
 
     try:
         why = check_compiles(reg, rk.spec.op, rk.spec.variant, reg.name_of(rk), device=dev)
@@ -272,35 +249,5 @@ def _compile_verdict(reg: Registry, rk: RegisteredKernel, dev: DeviceInfo) -> st
 
 
 # --------------------------------------------------------------------------- for test frameworks
-class Unusable(Exception):
-    """The kernel cannot be checked here; the message says why (a skip, not a failure)."""
 
 
-def prepare(registry: Registry, op: str, variant: str, name: str,
-            device: str | DeviceInfo | None = None) -> tuple[RegisteredKernel, Callable[..., Any], torch.device]:
-    """Resolve one registered kernel for checking here: ``(registered, kernel, torch device)``.
-
-    Raises :class:`LookupError` if no such kernel is registered (a failure: the backend does
-    not provide what it claims), :class:`Unusable` if it cannot run here (a skip).
-    """
-    rk = registry.get(op, variant, name)
-    if rk is None:
-        have = ", ".join(f"{k.spec.variant}:{k.spec.name}" for k in registry.for_op(op)) or "none"
-        fails = "; ".join(f.describe() for f in registry.failures)
-        raise LookupError(f"no kernel {name!r} is registered for {op}/{variant} (registered for {op}: {have})"
-                          + (f"; plugins that failed to load: {fails}" if fails else ""))
-    dev = current_device(device)
-    try:
-        run_on = execution_device(dev)
-    except DeviceError as e:
-        raise Unusable(str(e)) from None
-    try:
-        fn = resolve_kernel(rk, registry, dev)
-    except ResolutionError as e:
-        if dev.type != "cpu" and "cpu" in rk.spec.hardware.device_types:
-            try:
-                return rk, resolve_kernel(rk, registry, DeviceInfo("cpu", None, "cpu")), torch.device("cpu")
-            except ResolutionError as e2:
-                raise Unusable(refusal_reason(e2)) from None
-        raise Unusable(refusal_reason(e)) from None
-    return rk, fn, run_on

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Builder, Case, OpHarness, loss_dtypes, pick
+from ...testing.cases.base import Builder, Case, OpHarness, loss_dtypes, pick
 
 
 def router_logits(b: Builder, t: int, e: int) -> torch.Tensor:
@@ -56,7 +56,8 @@ def _lbl_cases(variant: str, size: str) -> list[Case]:
     return pick(size, small, full)
 
 
-LOAD_BALANCING_LOSS = OpHarness(
+#: The ``load_balancing_loss`` harness: how the conformance kit and the bench call its kernels, and its cases.
+HARNESS = OpHarness(
     op="load_balancing_loss",
     out_names=("loss",),
     reference={"standard": "veomni_ops.kernels.load_balancing:load_balancing_loss"},

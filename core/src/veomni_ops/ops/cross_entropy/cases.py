@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import torch
 
-from .base import Builder, Case, OpHarness, loss_dtypes, pick
+from ...testing.cases.base import Builder, Case, OpHarness, loss_dtypes, pick
 
 #: Cut Cross-Entropy's gradient filter for 16-bit inputs: a tile of the logits' gradient whose
 #: every entry is below this in magnitude is skipped (its dH and dW products are not computed).
@@ -205,7 +205,8 @@ def _ce_linear_cases(size: str) -> list[Case]:
     return pick(size, small, full)
 
 
-CROSS_ENTROPY = OpHarness(
+#: The ``cross_entropy`` harness: how the conformance kit and the bench call its kernels, and its cases.
+HARNESS = OpHarness(
     op="cross_entropy",
     out_names=("loss",),
     reference={"logits": "veomni_ops.kernels.cross_entropy:cross_entropy_sum",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Builder, Case, OpHarness, pick, same_dtype
+from ...testing.cases.base import Builder, Case, OpHarness, pick, same_dtype
 
 
 def cos_sin(b: Builder, batch: int, seq: int, rotary_dim: int, theta: float = 10000.0):
@@ -56,7 +56,8 @@ def _rotary_cases(variant: str, size: str) -> list[Case]:
     return pick(size, small, full)
 
 
-ROTARY = OpHarness(
+#: The ``rotary`` harness: how the conformance kit and the bench call its kernels, and its cases.
+HARNESS = OpHarness(
     op="rotary",
     out_names=("q_out", "k_out"),
     reference={"full": "veomni_ops.kernels.rotary:apply_rotary", "partial": "veomni_ops.kernels.rotary:apply_rotary"},

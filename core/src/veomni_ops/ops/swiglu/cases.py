@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import Builder, Case, OpHarness, pick, same_dtype
+from ...testing.cases.base import Builder, Case, OpHarness, pick, same_dtype
 
 
 def _swiglu_call(fn, inp, reference):
@@ -36,7 +36,8 @@ def _swiglu_cases(variant: str, size: str) -> list[Case]:
     return pick(size, small, full)
 
 
-SWIGLU = OpHarness(
+#: The ``swiglu`` harness: how the conformance kit and the bench call its kernels, and its cases.
+HARNESS = OpHarness(
     op="swiglu",
     out_names=("out",),
     reference={"standard": "veomni_ops.kernels.swiglu:silu_mul"},

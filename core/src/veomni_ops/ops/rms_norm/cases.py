@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Builder, Case, OpHarness, pick, same_dtype
+from ...testing.cases.base import Builder, Case, OpHarness, pick, same_dtype
 
 
 def _rms_call(fn, inp, reference):
@@ -49,7 +49,8 @@ def _rms_cases(variant: str, size: str) -> list[Case]:
     return pick(size, small, full)
 
 
-RMS_NORM = OpHarness(
+#: The ``rms_norm`` harness: how the conformance kit and the bench call its kernels, and its cases.
+HARNESS = OpHarness(
     op="rms_norm",
     out_names=("out",),
     reference={"standard": "veomni_ops.kernels.rms_norm:rms_norm_standard",

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from .base import Builder, Case, OpHarness, pick, same_dtype
+from ...testing.cases.base import Builder, Case, OpHarness, pick, same_dtype
 
 
 def _moe_call(fn, inp, reference):
@@ -63,7 +63,8 @@ def _moe_cases(variant: str, size: str) -> list[Case]:
     return pick(size, small, full)
 
 
-MOE_EXPERTS = OpHarness(
+#: The ``moe_experts`` harness: how the conformance kit and the bench call its kernels, and its cases.
+HARNESS = OpHarness(
     op="moe_experts",
     out_names=("out",),
     reference={"standard": "veomni_ops.kernels.moe:moe_experts_eager"},

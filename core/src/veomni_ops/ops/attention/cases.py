@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Builder, Case, OpHarness, pick, same_dtype
+from ...testing.cases.base import Builder, Case, OpHarness, pick, same_dtype
 
 
 class AttentionModule(torch.nn.Module):
@@ -86,7 +86,8 @@ def _attn_cases(variant: str, size: str) -> list[Case]:
     return pick(size, small, full)
 
 
-ATTENTION = OpHarness(
+#: The ``attention`` harness: how the conformance kit and the bench call its kernels, and its cases.
+HARNESS = OpHarness(
     op="attention",
     out_names=("out",),
     reference={"standard": "veomni_ops.kernels.attention:eager_attention"},
