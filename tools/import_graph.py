@@ -33,10 +33,7 @@ from pathlib import Path
 #: Circles in ``core/src`` allowed for now, each as ``(a, b, ..., a)``. Temporary entries only,
 #: each naming the work that removes it; an entry that is no longer found fails the check too,
 #: so that it is deleted when the circle goes.
-ALLOWED: tuple[tuple[str, ...], ...] = (
-    # removed when i26-ops lands (issue 26: the runner's re-exports of the conformance kit)
-    ("veomni_ops.testing.conformance", "veomni_ops.testing.runner", "veomni_ops.testing.conformance"),
-)
+ALLOWED: tuple[tuple[str, ...], ...] = ()
 
 
 @dataclass(frozen=True)
