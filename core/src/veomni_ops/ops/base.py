@@ -53,6 +53,21 @@ class Preference:
     capability: tuple[int, int] = MEASURED_ON
 
 
+@dataclass(frozen=True)
+class OpWorkload:
+    """One bench workload of an op, as its folder's ``bench`` module declares it (the preset it is
+    in adds its name: :class:`veomni_ops.bench.workloads.Workload`). ``metric``: ``"bytes"`` or
+    ``"flops"``; ``formula``: a key of the op's ``FORMULAS`` (default: the op's name);
+    ``logits``: cross-entropy only, how its logits are drawn."""
+
+    variant: str
+    dtype: str
+    metric: str
+    shape: Mapping[str, int]
+    formula: str = ""
+    logits: str = ""
+
+
 def load(ref: str, package: str) -> Any:
     """The object a ``"module:attr"`` string names; a module starting with ``.`` is relative to
     ``package`` (``".binder:BINDER"``). Without ``:attr``, the module itself."""
