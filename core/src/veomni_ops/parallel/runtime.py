@@ -36,11 +36,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .expert import expert_parallel, global_load_balancing, shard_experts
+from ..ops import OP_DEFS
+from .expert import shard_experts
 from .faults import FailureGuard
 from .fsdp import compile_layers, full_tensor, init_from_reference, shard_model
 from .layout import ParallelConfigError, ParallelLayout, world_from_env
-from .ulysses import pad_to_multiple, seq_slice, ulysses_attention
+from .ulysses import pad_to_multiple, seq_slice
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -155,9 +156,9 @@ class ParallelRuntime:
         return self.layout.needs()
 
     def wrap_plan(self, plan: KernelPlan) -> KernelPlan:
-        """``plan`` with its kernels wrapped for this layout (attention: Ulysses; experts: EP; the
-        load-balancing loss: over every rank's tokens). Refuses a kernel whose spec lacks what the
-        layout needs."""
+        """``plan`` with its kernels wrapped for this layout, each by its op folder's wrapper
+        (``OpDef.wrapper``; attention: Ulysses; experts: EP; the load-balancing loss: over every
+        rank's tokens). Refuses a kernel whose spec lacks what the layout needs."""
         from ..plan import KernelPlan
 
         needs = self.needs()
@@ -172,17 +173,24 @@ class ParallelRuntime:
             if e.fn is None:
                 entries.append(e)
                 continue
-            fn, note = e.fn, ""
-            if e.op == "attention" and self.layout.sp > 1:
-                fn, note = ulysses_attention(fn, self.sp_group, self.layout.sp, e.kernel), f"Ulysses sp={self.layout.sp}"
-            elif e.op == "moe_experts" and self.layout.ep > 1:
-                fn = expert_parallel(fn, self.ep_group, self.layout.ep, e.kernel, lambda: self._even_tokens)
-                note = f"expert-parallel ep={self.layout.ep}"
-            elif e.op == "load_balancing_loss" and self.world_size > 1:
-                fn = global_load_balancing(fn, None, self.world_size, lambda: self._token_mask)
-                note = f"over the tokens of all {self.world_size} ranks"
-            entries.append(dataclasses.replace(e, fn=fn, reason=f"{e.reason}; {note}" if note else e.reason))
+            d = OP_DEFS.get(e.op)
+            wrapped = d.part("wrapper")(e.fn, self, e.kernel) if d is not None and d.wrapper else None
+            if wrapped is None:
+                entries.append(e)
+                continue
+            fn, note = wrapped
+            entries.append(dataclasses.replace(e, fn=fn, reason=f"{e.reason}; {note}"))
         return KernelPlan(plan.device, plan.config, tuple(entries), mode=plan.mode)
+
+    def even_tokens(self) -> int | None:
+        """The tokens every rank of an expert group holds in this forward, when known (a batch from
+        :meth:`shard_batch`; see :meth:`_note_batch`), else None: the expert-parallel wrapper reads it."""
+        return self._even_tokens
+
+    def token_mask(self) -> torch.Tensor | None:
+        """The tokens that count on this rank in this batch (sequence-parallel padding left out), or
+        None: the load-balancing wrapper reads it."""
+        return self._token_mask
 
     # -- the model -------------------------------------------------------------------------------
     def prepare(self, model: nn.Module) -> None:

@@ -46,7 +46,7 @@ Backward produces gradients for query, key and value. Variant: ``standard``.
 _WITH_SP = {f"veomni_flash_attention_{v}_with_sp": f"flash_attention_{v}" for v in (2, 3, 4)}
 
 OP = OpDef(
-    "attention", order=70, contract=CONTRACT, package=__name__,
+    "attention", order=70, contract=CONTRACT, package=__name__, wrapper=".parallel:wrap",
     info=OpInfo(("standard",), "attn_implementation", features=("softcap", "sinks", "sliding_window", "dropout"),
                 parallel=("sp",)),
     legacy={**_WITH_SP, "veomni_flex_attention_with_sp": "flex_attention"},

@@ -24,5 +24,5 @@ there). Variant: ``standard``.
 
 OP = OpDef(
     "load_balancing_loss", order=60, info=OpInfo(("standard",), "load_balancing_loss_implementation"),
-    contract=CONTRACT, package=__name__,
+    contract=CONTRACT, package=__name__, wrapper=".parallel:wrap",
 )

@@ -37,7 +37,7 @@ and such a route never contributes to the output. The core's
 
 OP = OpDef(
     "moe_experts", order=50, info=OpInfo(("standard",), "moe_implementation", parallel=("ep",)), contract=CONTRACT,
-    package=__name__,
+    package=__name__, wrapper=".parallel:wrap",
     legacy={"fused": "quack", "fused_triton": "triton", "fused_npu": "npu", "fused_quack": "quack"},
     compile_preferences={"cuda": (
         Preference("grouped_mm", "standard", "grouped_mm (torch._grouped_mm) measured faster per step than triton "
