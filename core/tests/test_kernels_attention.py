@@ -335,7 +335,7 @@ def test_packed_sequences_are_honoured(kernel, dtype, form):
 
 @pytest.mark.parametrize("kernel", ["eager", "sdpa"])
 def test_packed_position_ids_per_row_with_a_window_and_cache_of_the_restart_check(kernel, monkeypatch):
-    from veomni_ops.kernels import attention as A
+    from veomni_ops.ops.attention import kernel as A
 
     b, hq, hk, s, d = 2, 2, 1, 7, 8
     q, k, v = qkv(b, hq, hk, s, d, torch.float32, seed=5)
@@ -362,7 +362,7 @@ def test_packed_position_ids_per_row_with_a_window_and_cache_of_the_restart_chec
 
 
 def test_restart_check_is_cached_per_tensor_and_version():
-    from veomni_ops.kernels.attention import _restarts
+    from veomni_ops.ops.attention.kernel import _restarts
 
     pos = torch.arange(6)[None].clone()
     assert _restarts(pos) is False

@@ -154,7 +154,7 @@ def test_custom_ignore_index_and_non_contiguous_hidden():
 
 
 def test_chunked_weight_grad_in_vocabulary_slices(monkeypatch):
-    import veomni_ops.kernels.cross_entropy as ce
+    import veomni_ops.ops.cross_entropy.kernel as ce
 
     torch.manual_seed(6)
     hidden = torch.randn(21, 8, dtype=torch.float64, requires_grad=True)

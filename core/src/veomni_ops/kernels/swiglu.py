@@ -1,18 +1,5 @@
-"""The gated activation of a SwiGLU MLP: ``silu(gate) * up``.
+"""``swiglu``'s reference kernels live in the op's folder, :mod:`veomni_ops.ops.swiglu.kernel`;
+this module keeps the import path plugins use (``from veomni_ops.kernels.swiglu import ...``)."""
 
-As transformers' MLPs compute it (``ACT2FN["silu"](gate) * up``), bitwise in the same
-dtype; autograd provides the backward.
-"""
-
-from __future__ import annotations
-
-import torch
-import torch.nn.functional as F
-
-from .checks import check_swiglu_inputs
-
-
-def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """``silu(gate) * up`` elementwise; ``gate`` and ``up`` have the same shape and dtype."""
-    check_swiglu_inputs(gate, up)
-    return F.silu(gate) * up
+from ..ops.swiglu.kernel import *  # noqa: F403
+from ..ops.swiglu.kernel import __all__ as __all__

@@ -90,7 +90,7 @@ def _attn_cases(variant: str, size: str) -> list[Case]:
 HARNESS = OpHarness(
     op="attention",
     out_names=("out",),
-    reference={"standard": "veomni_ops.kernels.attention:eager_attention"},
+    reference={"standard": "veomni_ops.ops.attention.kernel:eager_attention"},
     call=_attn_call,
     out_dtypes=lambda dt: [same_dtype(dt)],
     cases=_attn_cases,

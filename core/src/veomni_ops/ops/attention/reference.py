@@ -5,7 +5,7 @@ from __future__ import annotations
 from ...backends.base import MATMUL_TOLERANCES, PORTABLE_PRIORITY, core_spec, eager_spec
 from ...spec import HardwareRequirement, KernelSpec
 
-_K = "veomni_ops.kernels.attention"
+_K = "veomni_ops.ops.attention.kernel"
 
 
 def specs() -> list[KernelSpec]:

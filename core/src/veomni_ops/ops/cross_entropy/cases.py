@@ -209,8 +209,8 @@ def _ce_linear_cases(size: str) -> list[Case]:
 HARNESS = OpHarness(
     op="cross_entropy",
     out_names=("loss",),
-    reference={"logits": "veomni_ops.kernels.cross_entropy:cross_entropy_sum",
-               "fused_linear": "veomni_ops.kernels.cross_entropy:fused_linear_cross_entropy_sum"},
+    reference={"logits": "veomni_ops.ops.cross_entropy.kernel:cross_entropy_sum",
+               "fused_linear": "veomni_ops.ops.cross_entropy.kernel:fused_linear_cross_entropy_sum"},
     call=_ce_call,
     out_dtypes=lambda dt: [loss_dtypes(dt)],
     cases=lambda variant, size: _ce_logits_cases(size) if variant == "logits" else _ce_linear_cases(size),

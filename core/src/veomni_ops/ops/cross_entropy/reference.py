@@ -5,7 +5,7 @@ from __future__ import annotations
 from ...backends.base import LOSS_TOLERANCES, PORTABLE_PRIORITY, core_spec, eager_spec
 from ...spec import KernelSpec
 
-_K = "veomni_ops.kernels.cross_entropy"
+_K = "veomni_ops.ops.cross_entropy.kernel"
 
 
 def specs() -> list[KernelSpec]:

@@ -60,7 +60,7 @@ def _lbl_cases(variant: str, size: str) -> list[Case]:
 HARNESS = OpHarness(
     op="load_balancing_loss",
     out_names=("loss",),
-    reference={"standard": "veomni_ops.kernels.load_balancing:load_balancing_loss"},
+    reference={"standard": "veomni_ops.ops.load_balancing_loss.kernel:load_balancing_loss"},
     call=_lbl_call,
     out_dtypes=lambda dt: [loss_dtypes(dt)],
     cases=_lbl_cases,

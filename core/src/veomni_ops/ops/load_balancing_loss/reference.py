@@ -8,6 +8,6 @@ from ...spec import KernelSpec
 
 def specs() -> list[KernelSpec]:
     return [
-        eager_spec("load_balancing_loss", "standard", "veomni_ops.kernels.load_balancing:load_balancing_loss", LOSS_TOLERANCES,
+        eager_spec("load_balancing_loss", "standard", "veomni_ops.ops.load_balancing_loss.kernel:load_balancing_loss", LOSS_TOLERANCES,
                    "Switch-Transformer aux loss as transformers' load_balancing_loss_func (float32)")
     ]

@@ -67,7 +67,7 @@ def _moe_cases(variant: str, size: str) -> list[Case]:
 HARNESS = OpHarness(
     op="moe_experts",
     out_names=("out",),
-    reference={"standard": "veomni_ops.kernels.moe:moe_experts_eager"},
+    reference={"standard": "veomni_ops.ops.moe_experts.kernel:moe_experts_eager"},
     call=_moe_call,
     out_dtypes=lambda dt: [same_dtype(dt)],
     cases=_moe_cases,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ...backends.base import MATMUL_TOLERANCES, PORTABLE_PRIORITY, core_spec, eager_spec
 from ...spec import HardwareRequirement, KernelSpec
 
-_K = "veomni_ops.kernels.moe"
+_K = "veomni_ops.ops.moe_experts.kernel"
 
 
 def specs() -> list[KernelSpec]:

@@ -53,8 +53,8 @@ def _rms_cases(variant: str, size: str) -> list[Case]:
 HARNESS = OpHarness(
     op="rms_norm",
     out_names=("out",),
-    reference={"standard": "veomni_ops.kernels.rms_norm:rms_norm_standard",
-               "offset": "veomni_ops.kernels.rms_norm:rms_norm_offset"},
+    reference={"standard": "veomni_ops.ops.rms_norm.kernel:rms_norm_standard",
+               "offset": "veomni_ops.ops.rms_norm.kernel:rms_norm_offset"},
     call=_rms_call,
     out_dtypes=lambda dt: [same_dtype(dt)],
     cases=_rms_cases,

@@ -21,7 +21,7 @@ def _rotary_dim(model: nn.Module) -> int | None:
 
 def _rotary_matches_contract(fn: Callable, head_dim: int, rot_dim: int) -> bool:
     """Is the model's ``apply_rotary_pos_emb`` the ``rotate_half`` form our contract has?"""
-    from ...kernels.rotary import apply_rotary
+    from .kernel import apply_rotary
 
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, 2, 3, head_dim, generator=g, dtype=torch.float64, device="cpu")

@@ -60,7 +60,7 @@ def _rotary_cases(variant: str, size: str) -> list[Case]:
 HARNESS = OpHarness(
     op="rotary",
     out_names=("q_out", "k_out"),
-    reference={"full": "veomni_ops.kernels.rotary:apply_rotary", "partial": "veomni_ops.kernels.rotary:apply_rotary"},
+    reference={"full": "veomni_ops.ops.rotary.kernel:apply_rotary", "partial": "veomni_ops.ops.rotary.kernel:apply_rotary"},
     call=_rotary_call,
     out_dtypes=lambda dt: [same_dtype(dt), same_dtype(dt)],
     cases=_rotary_cases,

@@ -40,7 +40,7 @@ def _swiglu_cases(variant: str, size: str) -> list[Case]:
 HARNESS = OpHarness(
     op="swiglu",
     out_names=("out",),
-    reference={"standard": "veomni_ops.kernels.swiglu:silu_mul"},
+    reference={"standard": "veomni_ops.ops.swiglu.kernel:silu_mul"},
     call=_swiglu_call,
     out_dtypes=lambda dt: [same_dtype(dt)],
     cases=_swiglu_cases,

@@ -7,4 +7,4 @@ from ...spec import KernelSpec
 
 
 def specs() -> list[KernelSpec]:
-    return [eager_spec("swiglu", "standard", "veomni_ops.kernels.swiglu:silu_mul", ELEMENTWISE_TOLERANCES, "PyTorch silu(gate) * up")]
+    return [eager_spec("swiglu", "standard", "veomni_ops.ops.swiglu.kernel:silu_mul", ELEMENTWISE_TOLERANCES, "PyTorch silu(gate) * up")]
