@@ -10,10 +10,11 @@ import os
 import sys
 from typing import Any
 
-from .baselines import BASELINES, check_baseline, compile_apply
+from .baselines import BASELINES, check_baseline, check_in_ranks, compile_apply
 from .errors import RunFailed, TrainConfigError
 from .job import check_checkpointing, load_job
 from .loop import is_parallel, rank, run_child, train_one
+from .peers import run_in_ranks
 from .report import LOSS_TOL_FP32, LOSS_TOL_LOW_PRECISION, compare, finite_json, plot, print_report, report
 
 
@@ -123,8 +124,10 @@ def run(args: argparse.Namespace) -> int:
     job = _load(args.config, args)
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         raise TrainConfigError("--plot needs matplotlib, which is not installed here: pip install matplotlib")
+    parallel = is_parallel(job)
     for name in args.baseline:
         check_baseline(name, job)
+        check_in_ranks(name, job, parallel)
     jobs = [job] + ([_load(args.compare, args, main=False)] if args.compare else [])  # fail fast on a bad second config
     if any(j["train"]["compile"] for j in jobs):
         from ..binding import apply
@@ -132,14 +135,15 @@ def run(args: argparse.Namespace) -> int:
         compile_apply(apply)
     human = sys.stderr if args.json else sys.stdout
     seed = job["train"]["seed"]
-    if is_parallel(job):  # one rank of a parallel job (torchrun): rank 0 reports
-        if args.compare or args.baseline:
-            raise TrainConfigError("--compare and --baseline run each job in a process of its own; run them without "
-                                   "torchrun (or compare the losses of separate runs)")
+    if parallel:  # one rank of a parallel job (torchrun): --compare and the baselines after it, in these ranks
         from ..parallel import ParallelFailure
 
         try:
-            runs = [train_one(job, out=human)]
+            if args.compare or args.baseline:
+                runs = run_in_ranks(job, jobs[1] if args.compare else None, args.baseline, human,
+                                    (args.config, args.compare))
+            else:
+                runs = [train_one(job, out=human)]
         except ParallelFailure as e:
             raise RunFailed(str(e)) from e
         if rank() != 0:

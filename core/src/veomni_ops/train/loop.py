@@ -46,9 +46,14 @@ def _prepare(job: dict[str, Any], baseline: str | None, device: str, dtype, out,
     if baseline is None:
         model, facts = _bind(job, device, dtype, out, rt, compiled)
     else:
-        model = build_model(job, device, attn_implementation="sdpa").to(dtype=dtype)
+        model = build_model(job, device, attn_implementation="sdpa")
         facts = {"plan": None, "bound": None, "baseline_about": BASELINES[baseline],
                  "transformers_version": transformers.__version__}
+        if rt is not None:  # a user's FSDP2 script (.peers.UserFSDP2): float32 master weights, sharded
+            model = rt.shard(model, dtype)
+            facts["parallel"] = rt.to_dict()
+        else:
+            model = model.to(dtype=dtype)
         if baseline == "liger":
             facts["liger_patch"] = apply_liger(model)
             facts["liger_version"] = liger_version()
@@ -127,17 +132,26 @@ def train_one(job: dict[str, Any], out=sys.stderr, baseline: str | None = None) 
     return _train(job, out, baseline)
 
 
-def _train_parallel(job: dict[str, Any], out) -> dict[str, Any]:
-    """This rank's part of a parallel job (``veomni_ops.parallel``); only rank 0 prints."""
-    from ..parallel import ParallelLayout, ParallelRuntime
+def check_layout(job: dict[str, Any]):
+    """The job's layout (data parallel over every process without a ``parallel:`` section),
+    refused where it does not fit the world, the model or the batch: every rank refuses the same
+    way, before any collective."""
+    from ..parallel import ParallelLayout
     from ..parallel.layout import world_from_env
 
-    t = job["train"]
     layout = job.get("parallel") or ParallelLayout.data_parallel(world_from_env())
-    layout.check_world(world_from_env())  # every rank refuses the same way, before any collective
+    layout.check_world(world_from_env())
     layout.check_model(build_config(job))
-    layout.check_batch(int(t["batch_size"]))
-    with ParallelRuntime.from_env(layout, resolve_device(t["device"])) as rt:
+    layout.check_batch(int(job["train"]["batch_size"]))
+    return layout
+
+
+def _train_parallel(job: dict[str, Any], out) -> dict[str, Any]:
+    """This rank's part of a parallel job (``veomni_ops.parallel``); only rank 0 prints."""
+    from ..parallel import ParallelRuntime
+
+    layout = check_layout(job)
+    with ParallelRuntime.from_env(layout, resolve_device(job["train"]["device"])) as rt:
         if rt.rank != 0:
             with open(os.devnull, "w") as quiet:
                 return _train(job, quiet, None, rt)
