@@ -725,6 +725,119 @@ def test_cli_train_meta_init_and_compile_under_torchrun(tmp_path):
         assert abs(a - b) <= 1e-5 * max(1.0, abs(b)), (got["losses"], ref["losses"])
 
 
+def _dense_job(tmp_path: Path, name: str, parallel: dict | None, **train) -> str:
+    """A tiny float32 qwen3 job YAML (``parallel``: its layout, None: no section); its path."""
+    import yaml
+
+    job: dict = {"model": {"architecture": "qwen3", "size": "tiny",
+                           "config": {k: v for k, v in W.TINY.items() if not k.startswith(("moe_", "num_experts"))}},
+                 "train": {"batch_size": 2, "seq_len": 16, "steps": 3, "lr": 1e-3, "dtype": "float32", "device": "cpu",
+                           "seed": 0, **train}}
+    if parallel is not None:
+        job["parallel"] = {**parallel, "timeout_s": 120}
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(job))
+    return str(path)
+
+
+def _torchrun_train(argv: list[str]) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port()),
+           "-m", "veomni_ops.cli", "train", *argv]
+    return subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
+
+
+@pytest.mark.parallel
+def test_cli_fsdp2_baselines_and_compare_run_in_the_same_ranks(tmp_path):
+    """Under torchrun: the job (dp_shard 2), then --compare's job (sp 2), then plain transformers
+    sharded by FSDP2 as a user writes it, eager and compiled, in the same two ranks; rank 0 reports
+    all four; the baselines (the same math, unbound) give the job's losses within float32 rounding."""
+    from veomni_ops import train
+
+    par = _dense_job(tmp_path, "par.yaml", {"dp_shard": 2}, compile_backend=CPU_COMPILE_BACKEND)
+    sp = _dense_job(tmp_path, "sp.yaml", {"sp": 2})
+    proc = _torchrun_train([par, "--compare", sp, "--baseline", "transformers+fsdp2",
+                            "--baseline", "transformers+fsdp2+compile", "--json"])
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    got = json.loads(proc.stdout)  # rank 0 alone prints
+    runs = got["runs"]
+    assert [r["run"] for r in runs] == ["par.yaml", "sp.yaml", "transformers+fsdp2", "transformers+fsdp2+compile"]
+    assert [c["run"] for c in got["checks"]] == [r["run"] for r in runs] and got["passed"]
+    assert got["a"]["run"] == "par.yaml" and got["b"]["run"] == "sp.yaml" and "speed_ratio" in got["compare"]
+    job, other, eager, compiled = runs
+    assert job["plan"] is not None and other["parallel"]["sp"] == 2 and job["parallel"]["dp_shard"] == 2
+    for base in (eager, compiled):  # plain transformers: nothing bound, FSDP2 over both ranks as a user writes it
+        assert base["plan"] is None and base["bound"] is None and base["baseline"] == base["run"]
+        assert base["parallel"]["world_size"] == 2 and base["parallel"]["fsdp"]["layers"] == 2
+        assert base["parallel"]["fsdp"]["mixed_precision"] == "none (float32)"
+        assert base["batch_size"] == 2 and len(base["losses"]) == 3
+        for a, b in zip(base["losses"], job["losses"], strict=True):
+            assert abs(a - b) <= 1e-5 * max(1.0, abs(b)), (base["run"], base["losses"], job["losses"])
+    assert not eager["compiled"] and "compile" not in eager["parallel"]
+    assert compiled["compiled"] and compiled["parallel"]["compile"]["backend"] == CPU_COMPILE_BACKEND
+    assert compiled["parallel"]["compile"]["graph_breaks"] == {}
+    err = proc.stderr
+    for title in (par, sp, "baseline transformers+fsdp2 (", "baseline transformers+fsdp2+compile ("):
+        assert err.count(f"== {title}") == 1, err[-4000:]  # each run once: rank 1 says nothing
+    # the job's own losses are those of one process: the four runs are one job's math
+    ref = train.train_one(train.load_job(_dense_job(tmp_path, "one.yaml", None)), out=open(os.devnull, "w"))
+    for a, b in zip(job["losses"], ref["losses"], strict=True):
+        assert abs(a - b) <= 1e-5 * max(1.0, abs(b)), (job["losses"], ref["losses"])
+
+
+@pytest.mark.parallel
+def test_cli_fsdp2_baseline_report_under_torchrun(tmp_path):
+    """Without --json: rank 0 prints the one-process report, a row for the job and one for the baseline."""
+    par = _dense_job(tmp_path, "par.yaml", {"dp_shard": 2})
+    proc = _torchrun_train([par, "--baseline", "transformers+fsdp2"])
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    out = proc.stdout
+    assert out.count("== comparison (same seed, data and steps)") == 1, out
+    rows = [line.split()[0] for line in out.splitlines() if line.startswith("  par.yaml ")
+            or line.startswith("  transformers+fsdp2 ")]
+    assert rows == ["par.yaml", "transformers+fsdp2"], out
+    assert "PASS transformers+fsdp2: largest |loss diff|" in out and "PASS: 2/2 runs pass the loss check" in out
+
+
+def _train_main(argv: list[str]) -> int:
+    import argparse
+
+    from veomni_ops import train
+
+    p = argparse.ArgumentParser()
+    train.configure(p)
+    return train.run(p.parse_args(argv))
+
+
+def test_fsdp2_baselines_and_compare_refusals(tmp_path, monkeypatch):
+    """Refused before anything trains (no process group is made): an FSDP2 baseline in one process
+    (the fix: torchrun) or with sp/ep in the layout; a one-process baseline under torchrun; a
+    --compare job whose layout does not fit the ranks."""
+    from veomni_ops.parallel import ParallelConfigError
+    from veomni_ops.train import TrainConfigError
+
+    one = _dense_job(tmp_path, "one.yaml", None)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(TrainConfigError, match=r"--baseline transformers\+fsdp2\+compile shards the model over the "
+                                               r"ranks of a torchrun job.*torchrun --nproc-per-node N -m "
+                                               r"veomni_ops.cli train .*use --baseline transformers\+compile"):
+        _train_main([one, "--baseline", "transformers+fsdp2+compile"])
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    sp = _dense_job(tmp_path, "sp.yaml", {"sp": 2})
+    with pytest.raises(TrainConfigError, match=r"--baseline transformers\+fsdp2 is data parallel only.*sp 2, ep 1.*"
+                                               r"parallel: \{dp_shard: 2\}"):
+        _train_main([sp, "--baseline", "transformers+fsdp2"])
+    for name in ("transformers", "liger"):
+        with pytest.raises(TrainConfigError, match=rf"--baseline {name} runs in one process .*under torchrun use "
+                                                   r"--baseline transformers\+fsdp2"):
+            _train_main([one, "--baseline", name])
+    four = _dense_job(tmp_path, "four.yaml", {"dp_shard": 4}, batch_size=4)
+    with pytest.raises(ParallelConfigError, match=r"--compare .*four.yaml: under torchrun both jobs run in the same 2 "
+                                                  r"ranks.*dp_shard 4 x sp 1 = 4 process\(es\)"):
+        _train_main([one, "--compare", four])
+
+
 def test_torchrun_with_one_process_takes_the_parallel_path(tmp_path, monkeypatch):
     """Under torchrun (WORLD_SIZE and RANK set), a trivial layout still runs the parallel path
     (process group, DeviceMesh, FSDP2 over one rank): the world-size-1 NCCL/gloo check."""

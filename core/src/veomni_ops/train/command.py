@@ -126,8 +126,8 @@ def run(args: argparse.Namespace) -> int:
         raise TrainConfigError("--plot needs matplotlib, which is not installed here: pip install matplotlib")
     parallel = is_parallel(job)
     for name in args.baseline:
-        check_baseline(name, job)
         check_in_ranks(name, job, parallel)
+        check_baseline(name, job)
     jobs = [job] + ([_load(args.compare, args, main=False)] if args.compare else [])  # fail fast on a bad second config
     if any(j["train"]["compile"] for j in jobs):
         from ..binding import apply

@@ -147,14 +147,17 @@ def run_in_ranks(job: dict[str, Any], other: dict[str, Any] | None, baselines: l
     """Under torchrun: the job's run, then ``other``'s (``--compare``), then each FSDP2 baseline
     of ``job``, one after another in these ranks. Every rank returns every run's result (rank 0
     reports them). ``titles``: the job's and the other's, printed before each run by rank 0."""
-    jobs = [job] + ([other] if other is not None else [])
-    layouts = []
-    for j, title in zip(jobs, titles):
+    from ..parallel import ParallelConfigError
+    from ..parallel.layout import world_from_env
+
+    layouts = [check_layout(job)]  # both refused before anything trains
+    if other is not None:
         try:
-            layouts.append(check_layout(j))  # both refused before anything trains
-        except Exception as e:
-            e.args = (f"{title}: {e}",) + e.args[1:]
-            raise
+            layouts.append(check_layout(other))
+        except ParallelConfigError as e:
+            raise ParallelConfigError(f"--compare {titles[1]}: under torchrun both jobs run in the same "
+                                      f"{world_from_env()} ranks, one after the other, so its layout must fit them "
+                                      f"too: {e}") from None
     steps: list[tuple[str, Callable[[Any], dict[str, Any]], bool]] = [
         (titles[0], lambda o: _train_parallel(job, o), bool(job["train"]["compile"]))]
     if other is not None:
