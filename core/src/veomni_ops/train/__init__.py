@@ -77,6 +77,15 @@ config's seed (so the same data):
   ``transformers+compile`` (the same under ``torch.compile``), ``liger`` (Liger-Kernel's own
   monkey patch for the model type, on the instance; needs liger-kernel and a GPU).
 
+Under torchrun (:mod:`~veomni_ops.train.peers`) the runs go one after another in the job's own
+ranks instead (the same processes, process group, seed and data; each model freed before the
+next): ``--compare OTHER`` (its layout must fit the same ranks) and the baselines
+``transformers+fsdp2`` and ``transformers+fsdp2+compile``, plain transformers sharded by FSDP2
+as a user's own script does (``fully_shard`` on each decoder layer and the root, bf16 params /
+fp32 reduce for a bf16 job, AdamW, each rank its rows of the global batch; a ``dp_shard``-only
+layout). Rank 0 prints the same report. The one-process baselines are refused under torchrun,
+the FSDP2 ones without it.
+
 ``auto`` takes a plan lock's choices (:mod:`veomni_ops.lock`, written by ``veomni-ops tune``)
 where it matches this device, these versions, the mode and the dtype: ``--lock FILE`` (a
 mismatch is an error), else the job's ``lock:`` key, else ``VEOMNI_OPS_LOCK`` (a mismatch or a
@@ -93,6 +102,7 @@ overrides train.steps of every run; ``--json`` prints everything as JSON on stdo
 The package, one concern a module: :mod:`~veomni_ops.train.job` (the YAML),
 :mod:`~veomni_ops.train.model` (model, data, device), :mod:`~veomni_ops.train.baselines`,
 :mod:`~veomni_ops.train.loop` (one run, in this process or a child),
+:mod:`~veomni_ops.train.peers` (the runs after the job's in the ranks of a torchrun job),
 :mod:`~veomni_ops.train.checkpoint` (saving and resuming), :mod:`~veomni_ops.train.report`
 (the loss check, ratios, chart) and :mod:`~veomni_ops.train.command` (``configure``, ``run``).
 Nothing here imports torch at module level: the CLI imports this package to build its parser.

@@ -19,6 +19,7 @@ import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from .baselines import BASELINES
@@ -158,11 +159,12 @@ def run_in_ranks(job: dict[str, Any], other: dict[str, Any] | None, baselines: l
             raise ParallelConfigError(f"--compare {titles[1]}: under torchrun both jobs run in the same "
                                       f"{world_from_env()} ranks, one after the other, so its layout must fit them "
                                       f"too: {e}") from None
+    # (title, train(out) -> result, compiled)
     steps: list[tuple[str, Callable[[Any], dict[str, Any]], bool]] = [
-        (titles[0], lambda o: _train_parallel(job, o), bool(job["train"]["compile"]))]
+        (titles[0], partial(_train_parallel, job), bool(job["train"]["compile"]))]
     if other is not None:
-        steps.append((str(titles[1]), lambda o: _train_parallel(other, o), bool(other["train"]["compile"])))
-    steps += [(f"baseline {name} ({BASELINES[name]})", lambda o, n=name: _train_fsdp2_baseline(job, n, o),
+        steps.append((str(titles[1]), partial(_train_parallel, other), bool(other["train"]["compile"])))
+    steps += [(f"baseline {name} ({BASELINES[name]})", partial(_train_fsdp2_baseline, job, name),
                name.endswith("+compile")) for name in baselines]
     device = _device(job)
     quiet = open(os.devnull, "w") if rank() != 0 else None
