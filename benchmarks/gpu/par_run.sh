@@ -3,7 +3,8 @@
 #   bash benchmarks/gpu/par_run.sh CODE_DIR TAG STEP...
 # installs CODE_DIR's core/ and plugins/veomni-triton/ (the code to measure) into /tmp/site-TAG and
 # runs each STEP with it, writing into $OUT/TAG/ (default OUT=./gpu-results). Steps:
-#   cli:NAME          veomni-ops train CONFIGS/NAME.yaml --json (torchrun over 2 GPUs if it has parallel:)
+#   cli:NAME[:FLAG...]  veomni-ops train CONFIGS/NAME.yaml --json [FLAGS joined by ':'] (torchrun over NPROC
+#                     GPUs if it has parallel:), e.g. cli:dp2:--baseline:transformers+fsdp2
 #   prof:NAME         benchmarks/gpu/par_profile.py CONFIGS/NAME.yaml (timed steps, then 3 profiled)
 #   script[:NAME:FLAGS...]  benchmarks/gpu/fsdp2_script.py on NPROC GPUs (FLAGS joined by ':'), e.g. script:fused:--fused
 #   profscript        the script, profiled
@@ -30,9 +31,11 @@ for s in "$@"; do
   if [ $left -lt 75 ]; then echo "[$TAG] skip $s ($left s left)"; continue; fi
   t0=$(date +%s)
   case $s in
-    cli:*) n=${s#cli:}; if grep -q '^parallel:' "$CFG/$n.yaml"; then run="$TR -m veomni_ops.cli"; else run="python3 -m veomni_ops.cli"; fi
-           timeout $((left - 10)) $run train "$CFG/$n.yaml" --steps "$STEPS" --json > "$RES/cli-$n.json" 2> "$RES/cli-$n.log"
-           python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(f\"[$TAG] cli:$n {d['tokens_per_s']:.0f} tok/s, peak {d['peak_gib']:.2f} GiB, final loss {d['final_loss']:.4f}\")" "$RES/cli-$n.json" || tail -5 "$RES/cli-$n.log";;
+    cli:*) IFS=: read -r _ n flags <<< "$s"; flags=${flags//:/ }; key=$n${flags:+_${flags//[^a-z0-9]/}}
+           if grep -q '^parallel:' "$CFG/$n.yaml"; then run="$TR -m veomni_ops.cli"; else run="python3 -m veomni_ops.cli"; fi
+           timeout $((left - 10)) $run train "$CFG/$n.yaml" --steps "$STEPS" --json $flags > "$RES/cli-$key.json" 2> "$RES/cli-$key.log"
+           # one run: its fields; with --baseline/--compare: a "runs" list, one line each
+           python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(f\"[$TAG] cli:$key {r.get('run')}: {r['tokens_per_s']:.0f} tok/s, peak {r['peak_gib']:.2f} GiB, final loss {r['final_loss']:.4f}\") for r in d.get('runs', [d])]" "$RES/cli-$key.json" || tail -5 "$RES/cli-$key.log";;
     prof:*) n=${s#prof:}; if grep -q '^parallel:' "$CFG/$n.yaml"; then run=$TR; else run=python3; fi
            timeout $((left - 10)) $run benchmarks/gpu/par_profile.py "$CFG/$n.yaml" --steps "$STEPS" --out "$RES" > "$RES/prof-$n.log" 2>&1
            grep "tok/s |" "$RES/prof-$n.log" | sed "s/^/[$TAG] prof:/" || tail -5 "$RES/prof-$n.log";;
