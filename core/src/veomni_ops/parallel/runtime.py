@@ -52,6 +52,16 @@ if TYPE_CHECKING:
 IGNORE_INDEX = -100
 
 
+def rank_device(device: str = "auto") -> str:
+    """This process's device for ``device`` (``auto``: cuda where there is one, else cpu): on
+    CUDA one GPU per process, torchrun's ``LOCAL_RANK`` (``cuda:LOCAL_RANK``)."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        return f"cuda:{int(os.environ.get('LOCAL_RANK', os.environ.get('RANK', '0')))}"
+    return device
+
+
 class ParallelRuntime:
     """Process groups, meshes and the per-rank helpers of one parallel job (module docstring)."""
 
@@ -90,11 +100,7 @@ class ParallelRuntime:
         layout.check_world(world)
         rank = int(os.environ.get("RANK", "0"))
         local_rank = int(os.environ.get("LOCAL_RANK", str(rank)))
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        if device.startswith("cuda"):
-            device = f"cuda:{local_rank}"  # one GPU per process: torchrun's LOCAL_RANK
-        return cls(layout, rank, local_rank, device)
+        return cls(layout, rank, local_rank, rank_device(device))
 
     def start(self) -> ParallelRuntime:
         timeout = timedelta(seconds=self.layout.timeout_s)

@@ -152,10 +152,15 @@ def _train_parallel(job: dict[str, Any], out) -> dict[str, Any]:
 
     layout = check_layout(job)
     with ParallelRuntime.from_env(layout, resolve_device(job["train"]["device"])) as rt:
-        if rt.rank != 0:
-            with open(os.devnull, "w") as quiet:
-                return _train(job, quiet, None, rt)
-        return _train(job, out, None, rt)
+        return train_on_rank(job, out, None, rt)
+
+
+def train_on_rank(job: dict[str, Any], out, baseline: str | None, rt) -> dict[str, Any]:
+    """:func:`_train` on this rank of ``rt``; only rank 0 prints (the others into /dev/null)."""
+    if rt.rank != 0:
+        with open(os.devnull, "w") as quiet:
+            return _train(job, quiet, baseline, rt)
+    return _train(job, out, baseline, rt)
 
 
 def _train(job: dict[str, Any], out, baseline: str | None = None, rt=None) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from functools import partial
 from typing import Any
 
 from .baselines import BASELINES
-from .loop import _train, _train_parallel, check_layout, rank
+from .loop import _train_parallel, check_layout, rank, train_on_rank
 from .model import resolve_device
 
 
@@ -97,18 +97,14 @@ def _train_fsdp2_baseline(job: dict[str, Any], baseline: str, out) -> dict[str, 
     port = os.environ.get("MASTER_PORT")
     with FailureGuard(rt.rank, rt.world_size, os.environ.get("MASTER_ADDR"), int(port) if port else None,
                       timeout_s=layout.timeout_s):
-        if rt.rank != 0:
-            with open(os.devnull, "w") as quiet:
-                return _train(job, quiet, baseline, rt)
-        return _train(job, out, baseline, rt)
+        return train_on_rank(job, out, baseline, rt)
 
 
 def _device(job: dict[str, Any]) -> str:
-    """This rank's device (``cuda:LOCAL_RANK`` on CUDA), as the job's own runtime picks it."""
-    device = resolve_device(job["train"]["device"])
-    if device.startswith("cuda"):
-        return f"cuda:{int(os.environ.get('LOCAL_RANK', rank()))}"
-    return device
+    """This rank's device, as the job's own runtime picks it."""
+    from ..parallel.runtime import rank_device
+
+    return rank_device(resolve_device(job["train"]["device"]))
 
 
 @contextmanager
