@@ -68,8 +68,8 @@ from ...kernels.checks import can_read_values, check_float, check_integer, check
 #: Its kernels, and the input checks they use (:mod:`veomni_ops.kernels.checks`): what
 #: ``veomni_ops.kernels.<module>`` re-exports.
 __all__ = ["FLEX_MIN_HEAD_DIM_CUDA", "can_read_values", "check_float", "check_integer", "check_ndim",
-    "check_same_device", "eager_attention", "flex_attention_kernel", "flex_head_dim_problem", "packing_mask",
-    "sdpa_attention"]
+    "check_same_device", "eager_attention", "end_aligned_mask", "flex_attention_kernel", "flex_head_dim_problem",
+    "is_causal", "packing_mask", "sdpa_attention"]
 
 _OP = "attention"
 #: Who else honours the packing arguments, for refusals.
@@ -140,16 +140,21 @@ def _repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     return x[:, :, None].expand(b, h, n_rep, s, d).reshape(b, h * n_rep, s, d)
 
 
-def _is_causal(module: Any, kwargs: dict[str, Any]) -> bool:
+def is_causal(module: Any, kwargs: dict[str, Any]) -> bool:
+    """Is this call causal: the call's ``is_causal`` keyword, else the module's ``is_causal``
+    attribute, else True (how transformers' attention functions read it). Public, for backends."""
     flag = kwargs.get("is_causal")
     return bool(flag) if flag is not None else bool(getattr(module, "is_causal", True))
 
 
-def _window_mask(q_len: int, kv_len: int, window: int, device: torch.device) -> torch.Tensor:
-    """Boolean causal sliding-window mask ``[1, 1, q, kv]``, queries aligned to the end of the keys."""
+def end_aligned_mask(q_len: int, kv_len: int, window: int | None, device: torch.device) -> torch.Tensor:
+    """Boolean ``[q, kv]`` mask (True = attend): causal with the queries aligned to the end of the
+    keys, within the last ``window`` keys (the query's own included) when ``window`` is given.
+    Public, for backends whose kernels take an explicit mask."""
     q_pos = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]
     kv_pos = torch.arange(kv_len, device=device)[None, :]
-    return ((kv_pos <= q_pos) & (kv_pos > q_pos - window))[None, None]
+    allowed = kv_pos <= q_pos
+    return allowed & (kv_pos > q_pos - window) if window is not None else allowed
 
 
 # --------------------------------------------------------------------------- packing
@@ -236,7 +241,7 @@ def packing_mask(
                 f"{_OP} '{kind}': {m} is given without {cu_name}; it only sizes a varlen launch. Pass the packing "
                 f"itself ({cu_name}), which {_VARLEN} honour"
             )
-    causal = _is_causal(module, kwargs)
+    causal = is_causal(module, kwargs)
     window = sliding_window if causal else None
     if cu_q is not None or cu_k is not None:
         if cu_q is None or cu_k is None:
@@ -305,15 +310,15 @@ def eager_attention(
     if scaling is None:
         scaling = getattr(module, "head_dim", query.shape[-1]) ** -0.5
     q_len = query.shape[2]
-    if attention_mask is None and q_len > 1 and _is_causal(module, kwargs):
+    if attention_mask is None and q_len > 1 and is_causal(module, kwargs):
         # The same rule as sdpa: a causal call without a mask is top-left aligned on the first q_len keys
         # (transformers slices them off for sdpa), unless a sliding window asks for its own mask.
         kv_len = key.shape[2]
         if sliding_window is not None and sliding_window < kv_len:
-            attention_mask = _window_mask(q_len, kv_len, sliding_window, query.device)
+            attention_mask = end_aligned_mask(q_len, kv_len, sliding_window, query.device)[None, None]
         else:
             key, value = key[:, :, :q_len], value[:, :, :q_len]
-            attention_mask = _window_mask(q_len, q_len, q_len, query.device)
+            attention_mask = end_aligned_mask(q_len, q_len, None, query.device)[None, None]
     key_states = _repeat_kv(key, n_rep)
     value_states = _repeat_kv(value, n_rep)
     attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling
@@ -358,9 +363,9 @@ def sdpa_attention(
     _check_unsupported("sdpa", softcap, kwargs)
     attention_mask = packing_mask(module, query, key, attention_mask, sliding_window, kwargs, "sdpa")
     q_len, kv_len = query.shape[2], key.shape[2]
-    causal = q_len > 1 and attention_mask is None and _is_causal(module, kwargs)
+    causal = q_len > 1 and attention_mask is None and is_causal(module, kwargs)
     if causal and sliding_window is not None and sliding_window < kv_len:
-        attention_mask = _window_mask(q_len, kv_len, sliding_window, query.device)
+        attention_mask = end_aligned_mask(q_len, kv_len, sliding_window, query.device)[None, None]
         causal = False
     extra: dict[str, Any] = {}
     if n_rep > 1:
@@ -501,7 +506,7 @@ def flex_attention_kernel(
     else:
         mask = packing_mask(module, query, key, attention_mask, sliding_window, kwargs, _FLEX)
         if mask is None:
-            if sq > 1 and _is_causal(module, kwargs):
+            if sq > 1 and is_causal(module, kwargs):
                 # eager's and sdpa's rule: the window aligned to the end of the keys; without one,
                 # a causal call sees the first Sq keys, top-left aligned
                 window = sliding_window if sliding_window is not None and sliding_window < sk else None

@@ -64,7 +64,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from veomni_ops.kernels.attention import packing_mask
+from veomni_ops.kernels.attention import end_aligned_mask, is_causal, packing_mask
 from veomni_ops.kernels.checks import check_kernel_dtype, where
 
 from ._common import CHECKS, torch_npu
@@ -132,29 +132,13 @@ def _keep_prob(module: Any, dropout: float) -> float:
     return 1.0 - p
 
 
-def _is_causal(module: Any, kwargs: dict[str, Any]) -> bool:
-    flag = kwargs.get("is_causal")
-    return bool(flag) if flag is not None else bool(getattr(module, "is_causal", True))
-
-
-def _end_aligned(sq: int, sk: int, window: int | None, device: torch.device) -> torch.Tensor:
-    """Boolean ``[Sq, Sk]``, True = attend: causal with the queries aligned to the end of the keys,
-    within ``window`` keys (the query's own included) when given."""
-    q_pos = torch.arange(sk - sq, sk, device=device)[:, None]
-    kv = torch.arange(sk, device=device)[None, :]
-    allowed = kv <= q_pos
-    if window is not None:
-        allowed = allowed & (kv > q_pos - window)
-    return allowed
-
-
 def _from_padding(mask: torch.Tensor, sq: int, sk: int, causal: bool, window: int | None) -> torch.Tensor:
     """A 2-D ``[B, Sk]`` padding mask (1 = token) as the boolean ``[B, 1, Sq, Sk]`` mask it means."""
     if mask.shape[1] != sk:
         raise ValueError(f"{_WHERE}: the 2-D attention_mask {tuple(mask.shape)} must be [B, Sk] with Sk = {sk}")
     allowed = mask.bool()[:, None, None, :]
     if causal and sq > 1:
-        return allowed & _end_aligned(sq, sk, window, mask.device)
+        return allowed & end_aligned_mask(sq, sk, window, mask.device)
     return allowed.expand(-1, -1, sq, -1)
 
 
@@ -234,7 +218,7 @@ def _causal_call(sq: int, sk: int, window: int | None, device: torch.device) -> 
     an end-aligned window mask (with its band when queries and keys are as many)."""
     if window is None or window >= sk:
         return {"atten_mask": _causal_mask(device), "sparse_mode": LEFT_UP_CAUSAL}
-    call: dict[str, Any] = {"atten_mask": ~_end_aligned(sq, sk, int(window), device)}
+    call: dict[str, Any] = {"atten_mask": ~end_aligned_mask(sq, sk, int(window), device)}
     if sq == sk:  # the band the mask is, for the kernel to skip the blocks outside it
         call["pre_tockens"], call["next_tockens"] = int(window) - 1, 0
     return call
@@ -267,7 +251,7 @@ def npu_attention(
         if sk == 0 and query.numel():
             raise ValueError(f"{_WHERE}: no keys to attend to (key {tuple(key.shape)})")
         return query.new_zeros(b, sq, hq, value.shape[-1]) + query.sum() * 0, None  # empty, still in the graph
-    causal = _is_causal(module, kwargs)
+    causal = is_causal(module, kwargs)
     attention_mask = _given_mask(attention_mask, sq, sk, causal, sliding_window)
     packed = kwargs.get("cu_seq_lens_q") is not None and kwargs.get("cu_seq_lens_k") is not None
     if packed and attention_mask is None and not (causal and sliding_window is not None):
