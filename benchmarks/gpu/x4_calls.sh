@@ -10,6 +10,9 @@
 #                                         # GPUs 0,1 + 2: the 30B-shaped model over one GPU (big30b.sh)
 #                                         # GPU 3: issue 24's tune and the locked step
 #   bash benchmarks/gpu/x4_calls.sh C     # issue 23 on the 30B-shaped 4-layer model (bf16, fits one GPU)
+#   bash benchmarks/gpu/x4_calls.sh D     # after the compile + layout fix: each layout eager and compiled
+#                                         # (GPUs 0,1 small preset; GPUs 2,3 30B-shaped), then on four GPUs;
+#                                         # then issue 24's tune and the locked step alone on the machine
 # Results: $OUT/call-X.tgz (one file: a call's returned files are capped in count).
 set -u
 CALL=$1; REAL_OUT=${OUT:-$PWD/gpu-results}; W=/tmp/res-$CALL; rm -rf "$W"; mkdir -p "$W"
@@ -38,7 +41,16 @@ case $CALL in
     ( export CFG=$I23 NPROC=2 CUDA_VISIBLE_DEVICES=0,1 DEADLINE=$((now + 420))
       bash $P . x2c cli:30b4-one cli:30b4-dp2 cli:30b4-dp2-compile cli:30b4-one-compile cli:30b4-sp2 cli:30b4-dp2ep2 ) > "$W/i23-30b-x2.log" 2>&1
     ( export CFG=$I23 NPROC=4 DEADLINE=$(( $(date +%s) + 140 )); bash $P . x4c cli:30b4-dp4 ) > "$W/i23-30b-x4.log" 2>&1;;
-  *) echo "unknown call $CALL (A, B or C)"; exit 2;;
+  D)
+    ( export CFG=$I23 NPROC=2 CUDA_VISIBLE_DEVICES=0,1 DEADLINE=$((now + 300))
+      bash $P . x2 cli:one cli:one-compile cli:dp2 cli:dp2-compile cli:sp2 cli:sp2-compile cli:dp2ep2 cli:dp2ep2-compile ) > "$W/i23-x2.log" 2>&1 &
+    ( export CFG=$I23 NPROC=2 CUDA_VISIBLE_DEVICES=2,3 DEADLINE=$((now + 300))
+      bash $P . x2b cli:30b4-one cli:30b4-dp2 cli:30b4-dp2-compile cli:30b4-sp2 cli:30b4-dp2ep2 cli:30b4-one-compile ) > "$W/i23-30b-x2.log" 2>&1 &
+    wait
+    ( export CFG=$I23 NPROC=4 DEADLINE=$(( $(date +%s) + 100 )); bash $P . x4 cli:dp4 cli:dp4-compile ) > "$W/i23-x4.log" 2>&1
+    ( export CUDA_VISIBLE_DEVICES=0 OMP_NUM_THREADS=8 DEADLINE=$(( $(date +%s) + 130 ))
+      bash benchmarks/gpu/issue24.sh tune:qwen3-moe-small-auto lockstep:qwen3-moe-small-auto ) > "$W/i24.log" 2>&1;;
+  *) echo "unknown call $CALL (A, B, C or D)"; exit 2;;
 esac
 cat "$W"/*.log | grep -v "^\s*$" | tail -150
 tar czf "$REAL_OUT/call-$CALL.tgz" -C /tmp "res-$CALL"

@@ -16,6 +16,8 @@ installation under a lock); after one eager call it compiles fullgraph.
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 import veomni_ops
@@ -88,3 +90,77 @@ def test_eager_experts_loop_does_not_compile_fullgraph(registry):
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
     with pytest.raises(Exception, match="data-dependent|nonzero|dynamic"):
         compiled(**batch())
+
+
+def _bound_copy(fn):
+    """The copy binding made of a forward: under a decorator's copy (transformers'
+    ``deprecate_kwarg``), the function its closure holds; binding's copies have no ``__name__``
+    in their globals."""
+    while "__name__" in fn.__globals__:
+        fn = next(c.cell_contents for c in fn.__closure__ or () if inspect.isfunction(c.cell_contents))
+    return fn
+
+
+def _break_rotary(binding, model):
+    """Make each bound attention forward split in two under dynamo (a graph break in the middle
+    of it, as some kernels and transformers code paths cause on a GPU): the rotary function its
+    globals name calls ``torch._dynamo.graph_break()``. Returns the attention forwards."""
+    attns = [m for m in model.modules() if type(m).__name__ == "Qwen3Attention"]
+    for fn in {_bound_copy(a.forward.__func__) for a in attns}:  # one function when the copies are shared
+        g = fn.__globals__
+        rotary = g["apply_rotary_pos_emb"]
+
+        def breaking(*args, rotary=rotary, **kwargs):
+            torch._dynamo.graph_break()
+            return rotary(*args, **kwargs)
+
+        g["apply_rotary_pos_emb"] = breaking
+    return attns
+
+
+def test_layers_compiled_one_by_one_run_through_a_graph_break_in_a_bound_forward(registry):
+    """Per-layer compile (what `train.compile` does under a layout): each decoder layer's forward
+    compiled in place, the bound attention forward breaks the graph. Dynamo keeps the pieces
+    of a split frame in the frame's globals and caches by code object: the bound copies must not
+    be several functions of one code object with different globals (GPU run of 2026-11-26:
+    ``NameError: name '__compiled_fn_5_...' is not defined`` on every `train.compile` + layout)."""
+    from veomni_ops.parallel.fsdp import compile_layers
+
+    ref, model = pair("qwen3", num_hidden_layers=3)
+    veomni_ops.apply(model, {"attn_implementation": "sdpa"}, registry=registry, device="cpu", compile=True)
+    attns = _break_rotary(model.veomni_ops_binding, model)
+    assert len(attns) == 3
+    # the layers of one binding share one copy of the attention forward (one compiled code) ...
+    assert len({a.forward.__func__ for a in attns}) == 1
+    # ... whose code is not transformers' own code object (a frame of the original is cached apart)
+    copy, original = _bound_copy(attns[0].forward.__func__), inspect.unwrap(type(attns[0]).forward)
+    assert copy.__code__ is not original.__code__ and copy.__code__ == original.__code__
+    b = batch()
+    want = model(**b).loss
+    torch._dynamo.reset()
+    compile_layers(model, backend="aot_eager")
+    got = model(**b).loss
+    got.backward()
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got, ref(**b).loss, atol=1e-5, rtol=1e-5)
+
+
+def test_two_bound_models_compiled_in_one_process_keep_their_own_compiled_code(registry):
+    """Two models bound in one process (a policy and a reference model), their layers compiled,
+    each through a graph break in its bound forward: each model's copies run their own code."""
+    from veomni_ops.parallel.fsdp import compile_layers
+
+    torch._dynamo.reset()
+    out = []
+    for seed in (0, 1):
+        _, model = pair("qwen3", num_hidden_layers=2)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(seed * 1e-2)
+        veomni_ops.apply(model, {"attn_implementation": "sdpa"}, registry=registry, device="cpu", compile=True)
+        _break_rotary(model.veomni_ops_binding, model)
+        want = model(**batch()).loss
+        compile_layers(model, backend="aot_eager")
+        out.append((model, want))
+    for model, want in out:
+        torch.testing.assert_close(model(**batch()).loss, want, atol=1e-5, rtol=1e-5)

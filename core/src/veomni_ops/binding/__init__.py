@@ -544,7 +544,7 @@ def _bind(model: nn.Module, plan: KernelPlan, places: list[Place], skipped, note
         bound.append((p.path, p.op, variant, entry.kernel))
     for m, overrides in edits.globals.values():
         try:
-            edits.forwards.append((m, copy_with_globals(type(m).forward, overrides)))
+            edits.forwards.append((m, copy_with_globals(type(m).forward, overrides, edits.memo)))
         except RebindError as e:
             raise BindingError(f"{type(m).__name__}.forward: {e}. {_version_hint()}") from None
     for head in edits.head.values():

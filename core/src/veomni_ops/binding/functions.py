@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 import re
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 #: Modules whose classes binding may replace methods of: transformers itself, and the
@@ -27,17 +27,33 @@ class RebindError(ValueError):
     """A function cannot be copied with other globals."""
 
 
-def copy_with_globals(fn: Callable[..., Any], overrides: Mapping[str, Any]) -> Callable[..., Any]:
-    """A copy of ``fn`` whose module globals are overridden: per instance, nothing shared.
+def copy_with_globals(fn: Callable[..., Any], overrides: Mapping[str, Any],
+                      memo: dict[Hashable, Any] | None = None) -> Callable[..., Any]:
+    """A copy of ``fn`` whose module globals are overridden; nothing module-level is changed.
 
     A decorated function (``functools.wraps``: ``fn.__wrapped__`` is the function it wraps)
     is copied layer by layer: the innermost function gets the new globals, and each wrapper
     is copied with the closure cell that held the function below it pointing at the copy.
     The decorators' own code (transformers' ``deprecate_kwarg``, say) still runs.
+
+    The innermost copy runs a code object of its own (equal to ``fn``'s, not the same object).
+    torch.compile needs that: dynamo caches its work per code object and keeps the compiled
+    pieces of a frame it splits (a graph break) in that frame's globals; a second function
+    with the same code but other globals would hit the cache and not find them (``NameError:
+    __compiled_fn_...``). ``memo`` (one dict per binding): copies of the same function with the
+    same override objects are one function, so the layers of a model share one compiled code.
     """
+    key = (id(fn), tuple(sorted((k, id(v)) for k, v in overrides.items())))
+    if memo is not None and key in memo:
+        return memo[key][0]
     inner = getattr(fn, "__wrapped__", None)
-    if inner is None:
-        return _copy_plain(fn, overrides)
+    new = _copy_plain(fn, overrides) if inner is None else _copy_wrapper(fn, inner, overrides)
+    if memo is not None:
+        memo[key] = (new, fn, tuple(overrides.values()))  # the objects whose ids make the key stay alive
+    return new
+
+
+def _copy_wrapper(fn: Callable[..., Any], inner: Callable[..., Any], overrides: Mapping[str, Any]) -> Callable[..., Any]:
     cells = fn.__closure__ or ()
     held = [i for i, c in enumerate(cells) if _cell_contents(c) is inner]
     if len(held) != 1:
@@ -121,6 +137,7 @@ def _copy_plain(fn, overrides: Mapping[str, Any]):
     # transformers' own ALL_ATTENTION_FUNCTIONS instead of ours; without it dynamo guards this
     # dict itself.
     g.pop("__name__", None)
-    new = types.FunctionType(fn.__code__, g, fn.__name__, fn.__defaults__, fn.__closure__)
+    # A code object of its own: see copy_with_globals.
+    new = types.FunctionType(fn.__code__.replace(), g, fn.__name__, fn.__defaults__, fn.__closure__)
     _copy_names(fn, new)
     return new

@@ -59,8 +59,20 @@ class Edits:
     #: per causal-LM head (by id of its module): "module", "ce" -> (variant, kernel), "lbl" -> kernel
     head: dict[int, dict[str, Any]] = field(default_factory=dict)
 
+    #: objects built once per binding and shared by its places (``shared``), and the forwards'
+    #: copies by function and globals (``binding.functions.copy_with_globals``'s ``memo``)
+    memo: dict[Hashable, Any] = field(default_factory=dict)
+
     def override_global(self, module: nn.Module, name: str, value: Any) -> None:
         self.globals.setdefault(id(module), (module, {}))[1][name] = value
+
+    def shared(self, key: Hashable, build: Callable[[], T]) -> T:
+        """``build()`` the first time ``key`` is asked for in this binding, then the same object.
+        Places given the same kernel get the same override object, so their forwards' copies
+        are one function (see ``copy_with_globals``)."""
+        if key not in self.memo:
+            self.memo[key] = build()
+        return self.memo[key]
 
 
 class Survey:

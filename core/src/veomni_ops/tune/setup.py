@@ -77,6 +77,7 @@ class Trial:
     def label(self) -> str:
         if self.request is None or self.candidate is None:
             return {"static": "static auto (every op at its static choice)",
+                    "static-again": "static auto again (after the candidates: the machine's drift)",
                     "tuned": "tuned plan (every op at the lock's choice)"}.get(self.key, self.key)
         return f"{self.request.label}: {self.candidate.full_name}"
 

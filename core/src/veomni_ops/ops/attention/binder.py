@@ -93,7 +93,8 @@ def _mask_name(kernel_name: str, kernel: Callable) -> str:
 
 def _bind_attention(place: Place, kernel: Callable, edits: Edits) -> None:
     name = place.info["kernel_name"]
-    table = _FixedAttention(kernel, name, returns_weights=name == "eager")
+    table = edits.shared(("attention-table", id(kernel), name),
+                         lambda: _FixedAttention(kernel, name, returns_weights=name == "eager"))
     edits.override_global(place.module, "ALL_ATTENTION_FUNCTIONS", table)
     edits.mask_names.append((place.module, _mask_name(place.info["kernel_name"], kernel)))
 
