@@ -24,8 +24,9 @@ if [ ! -f "$SITE/.done" ]; then
   for w in liger_kernel cut_cross_entropy; do
     ls "$WHL"/$w-*.whl >/dev/null 2>&1 || { echo "no $w wheel in $WHL"; exit 2; }
   done
+  SRC=/tmp/src-i24; rm -rf "$SRC"; mkdir -p "$SRC"; cp -r core plugins/veomni-triton plugins/veomni-liger "$SRC/"  # see par_run.sh
   python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target "$SITE" \
-    "$WHL"/*.whl ./core ./plugins/veomni-triton ./plugins/veomni-liger > "$RES/install.log" 2>&1 \
+    "$WHL"/*.whl "$SRC/core" "$SRC/veomni-triton" "$SRC/veomni-liger" > "$RES/install.log" 2>&1 \
     || { echo "install failed:"; tail -20 "$RES/install.log"; exit 1; }
   touch "$SITE/.done"
 fi

@@ -20,8 +20,10 @@ DEADLINE=${DEADLINE:-$(( $(date +%s) + 540 ))}
 SITE=/tmp/site-$TAG
 STEPS=${STEPS:-14}
 if [ ! -f "$SITE/.done" ]; then
+  # built from a copy: setuptools writes build/ into the source, and two installs at once collide there
+  SRC=/tmp/src-$TAG; rm -rf "$SRC"; mkdir -p "$SRC"; cp -r "$CODE/core" "$CODE/plugins/veomni-triton" "$SRC/"
   python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target "$SITE" \
-    "$CODE/core" "$CODE/plugins/veomni-triton" > "$RES/install.log" 2>&1 || { echo "install failed"; cat "$RES/install.log"; exit 1; }
+    "$SRC/core" "$SRC/veomni-triton" > "$RES/install.log" 2>&1 || { echo "install failed"; cat "$RES/install.log"; exit 1; }
   touch "$SITE/.done"
 fi
 export PYTHONPATH=$SITE PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

@@ -16,8 +16,9 @@ if [ ! -f "$SITE/.done" ]; then
   for w in veomni-0.1.12 liger_kernel; do
     ls "$WHL"/$w-*.whl >/dev/null 2>&1 || { echo "no $w wheel in $WHL: download it as benchmarks/gpu/README.md says and carry $WHL"; exit 2; }
   done
+  SRC=/tmp/src-veomni-step; rm -rf "$SRC"; mkdir -p "$SRC"; cp -r core plugins "$SRC/"  # see par_run.sh
   python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target "$SITE" \
-    "$WHL"/*.whl ./core ./plugins/*/ > "$RES/install.log" 2>&1 || { echo "install failed:"; tail -20 "$RES/install.log"; exit 1; }
+    "$WHL"/*.whl "$SRC/core" "$SRC"/plugins/*/ > "$RES/install.log" 2>&1 || { echo "install failed:"; tail -20 "$RES/install.log"; exit 1; }
   touch "$SITE/.done"
 fi
 export PYTHONPATH=$SITE PYTHONUNBUFFERED=1 LIGER_FUSED_MOE_AUTOTUNE=0

@@ -277,3 +277,15 @@ def test_resolve_reports_config_and_resolution_mistakes_together_with_either_def
         assert any(p.startswith("swiglu_mlp_implementation='liger_kernel'") for p in problems), problems
     else:
         assert len(problems) == 2, problems
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_json_error_under_torchrun_is_written_by_rank_0_only(tmp_path, capsys, monkeypatch, rank):
+    """The ranks of a torchrun job share stdout: two error documents made it unparsable (GPU run of
+    2026-11-26, a failing compiled layout: "Extra data" reading cli-sp2-compile.json)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RANK", rank)
+    assert main(["train", "nope.yaml", "--json"]) == 1
+    out, err = capsys.readouterr()
+    assert (json.loads(out)["kind"] == "FileNotFoundError") if rank == "0" else out == ""
+    assert err.startswith("veomni-ops train: nope.yaml: no such file")  # every rank says it in words

@@ -238,8 +238,10 @@ def _problems(e: BaseException) -> list[str] | None:
 
 def _report(args: argparse.Namespace, e: BaseException, message: str) -> None:
     """The error on stderr; with ``--json`` (the flag of plugins, resolve, train and check;
-    bench's ``--json FILE`` names a file) also as JSON on stdout, where the output was due."""
-    if getattr(args, "json", None) is True:
+    bench's ``--json FILE`` names a file) also as JSON on stdout, where the output was due. Under
+    torchrun only rank 0 writes the JSON, as only rank 0 writes a result: the ranks share stdout,
+    and one JSON document is what a reader of ``--json`` parses."""
+    if getattr(args, "json", None) is True and os.environ.get("RANK", "0") == "0":
         out: dict[str, Any] = {"error": message, "kind": type(e).__name__, "command": args.command}
         problems = _problems(e)
         if problems:
