@@ -2,10 +2,12 @@
 
 Everything is per instance: a module's ``forward`` is replaced by an instance attribute
 that calls the plan's kernel directly (no lookup per call), and the attention modules run
-per-instance copies of their forward whose globals name the plan's kernels
-(``apply_rotary_pos_emb``, the attention table); decorated forwards are copied through
-their decorators. Nothing module-level is mutated, so two models in one process can carry
-different plans, and ``torch.compile(fullgraph=True)`` traces straight through.
+copies of their forward whose globals name the plan's kernels (``apply_rotary_pos_emb``,
+the attention table): one copy per binding and set of kernels, shared by the layers, with a
+code object of its own (``binding.functions.copy_with_globals`` says why torch.compile needs
+both); decorated forwards are copied through their decorators. Nothing module-level is
+mutated, so two models in one process can carry different plans, and
+``torch.compile(fullgraph=True)`` traces straight through.
 
 Where each op lives is one :class:`~veomni_ops.binding.binders.Binder` per op
 (:data:`~veomni_ops.binding.binders.BINDERS`). What each place needs is read from the

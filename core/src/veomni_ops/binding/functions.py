@@ -1,4 +1,4 @@
-"""Function surgery for binding: per-instance copies of library functions, and who wrote a method.
+"""Function surgery for binding: copies of library functions with other globals, and who wrote a method.
 
 Binding never mutates a module-level object. Where a transformers function calls a
 module-level helper (``apply_rotary_pos_emb``, the ``ALL_ATTENTION_FUNCTIONS`` table), the
