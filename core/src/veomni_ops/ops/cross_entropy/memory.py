@@ -1,4 +1,4 @@
-"""What the ``fused_linear`` kernels allocate beyond their inputs and returned gradients.
+"""What the cross-entropy kernels allocate beyond their inputs and returned gradients.
 
 Each function here is a :attr:`~veomni_ops.spec.KernelSpec.extra_memory`: it takes the op's
 shapes (``tokens`` N, ``hidden`` H, ``vocab`` V, ``itemsize`` s, the bytes of one element in
@@ -58,6 +58,22 @@ def fused_linear_shapes(shapes: Mapping[str, int]) -> tuple[int, int, int, int, 
 def returned_grads(n: int, h: int, v: int, s: int) -> int:
     """Bytes of the gradients a fused linear loss hands back: ``dH [N, H]`` and ``dW [V, H]``."""
     return (n + v) * h * s
+
+
+def logits_path_bytes(shapes: Mapping[str, int]) -> int:
+    """The ``logits`` path's own cost beyond the head's inputs: the logits ``[N, V]`` in the input
+    dtype, which the model makes (and returns) and the ``fused_linear`` kernels never hold."""
+    n, _, v, s, _ = fused_linear_shapes(shapes)
+    return n * v * s
+
+
+def eager_logits_extra(shapes: Mapping[str, int]) -> int:
+    """``eager`` ``logits`` (inputs: the logits ``[N, V]``; returned: their gradient): the forward
+    holds the logits' float32 copy and log-softmax, backward the log-softmax, its incoming gradient
+    and the float32 gradient of the logits before the returned one (input dtype) exists."""
+    n, _, v, s, f = fused_linear_shapes(shapes)
+    forward = n * v * ((f if s != f else 0) + f)
+    return max(0, max(forward, 3 * n * v * f) - n * v * s, n * v * f if s != f else 0)
 
 
 def eager_extra(shapes: Mapping[str, int]) -> int:
