@@ -10,8 +10,17 @@ from pathlib import Path
 
 import pytest
 from conftest import make_plugin
-from veomni_ops import HardwareRequirement, KernelSpec, MemoryBudget, OpsConfig, SpecError, Target, build_registry
-from veomni_ops import Mode, resolve
+from veomni_ops import (
+    HardwareRequirement,
+    KernelSpec,
+    MemoryBudget,
+    Mode,
+    OpsConfig,
+    SpecError,
+    Target,
+    build_registry,
+    resolve,
+)
 from veomni_ops.backends import reference
 from veomni_ops.ops.cross_entropy.memory import chunked_extra, eager_extra, eager_logits_extra
 

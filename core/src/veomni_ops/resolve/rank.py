@@ -4,6 +4,11 @@
 tie was broken and by which rule. In compile mode the measured choices of
 :mod:`~veomni_ops.compile_policy` come first, and a plan lock in force (:mod:`~veomni_ops.lock`)
 outranks both. The reference kernel tries its own preferred variant first (:func:`variants_for`).
+
+Under a memory budget (:class:`~veomni_ops.target.MemoryBudget` on the target), ``auto`` and the
+compile-mode choices pass over a kernel whose declared extra memory does not fit the free bytes,
+saying what it needs; where every usable kernel was passed over so, the leanest is taken. A plan
+lock's choice is taken as the lock says.
 """
 
 from __future__ import annotations
