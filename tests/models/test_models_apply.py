@@ -252,3 +252,23 @@ def test_bfloat16_offset_model_matches_transformers(cfg, registry):
             continue
         err = ((pg.grad.float() - pr.grad.float()).norm() / pr.grad.float().norm()).item()
         assert err < limit, f"grad of {n}: relative error {err:.3g}"
+
+
+def test_apply_takes_a_memory_budget_through_its_target(registry):
+    """``apply(memory=...)``: ``auto`` passes over the chunked fused loss where its extra memory
+    does not fit the budget (issue 24), and the plan says so; a resolved plan takes no budget."""
+    from veomni_ops import MemoryBudget
+    from veomni_ops.ops.cross_entropy.memory import chunked_extra
+
+    model = build("qwen3")
+    cfg = model.config
+    shapes = {"tokens": 24, "hidden": cfg.hidden_size, "vocab": cfg.vocab_size, "itemsize": 4}
+    budget = MemoryBudget(chunked_extra(shapes) - 1, shapes={"cross_entropy": shapes})
+    binding = veomni_ops.apply(model, {}, registry=registry, memory=budget)
+    e = binding.plan.get("cross_entropy", "fused_linear")
+    assert e is not None and e.kernel == "eager", binding.plan.table()
+    assert "passed over chunked (needs 0.00 GiB beyond its inputs at 24 tokens" in e.reason
+    binding.remove()
+    plan = resolve(OpsConfig(), "cpu", registry=registry)
+    with pytest.raises(BindingError, match="a memory budget applies when resolving"):
+        veomni_ops.apply(model, plan, registry=registry, memory=budget)

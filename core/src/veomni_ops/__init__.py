@@ -19,7 +19,7 @@ from .plan import KernelPlan, PlanEntry
 from .registry import ContestedNameError, DuplicateKernelError, LoadFailure, Registry
 from .resolve import ResolutionError, resolve
 from .spec import OPS, HardwareRequirement, KernelSpec, SpecError, Tolerance
-from .target import Mode, Need, Target
+from .target import MemoryBudget, Mode, Need, Target
 
 __all__ = [
     "OPS",
@@ -32,6 +32,7 @@ __all__ = [
     "KernelPlan",
     "KernelSpec",
     "LoadFailure",
+    "MemoryBudget",
     "Mode",
     "Need",
     "OpsConfig",

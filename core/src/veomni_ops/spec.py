@@ -231,6 +231,12 @@ class KernelSpec:
             for an attention kernel that can run under Ulysses sequence parallelism,
             ``("ep",)`` for an experts kernel that can run expert-parallel. A layout that
             needs one refuses kernels that do not declare it.
+        extra_memory: bytes the kernel allocates beyond its inputs and the gradients it returns
+            (the peak of one training call), as a function of the op's shapes (a mapping of
+            names to ints; ``cross_entropy`` ``fused_linear``: ``tokens``, ``hidden``, ``vocab``,
+            ``itemsize``); ``None``: unknown. ``auto`` passes over a kernel whose extra memory
+            exceeds the device memory free for the job (:class:`~veomni_ops.target.MemoryBudget`);
+            a kernel with ``None`` is never passed over for memory.
     """
 
     name: str
@@ -248,6 +254,7 @@ class KernelSpec:
     install_hint: str = ""
     features: tuple[str, ...] = ()
     parallel: tuple[str, ...] = ()
+    extra_memory: Callable[[Mapping[str, int]], int] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
@@ -308,6 +315,12 @@ class KernelSpec:
         for b in ("supports_backward", "supports_compile"):
             if not isinstance(getattr(self, b), bool):
                 raise SpecError(f"kernel {self.name!r}: {b} must be True or False")
+        if self.extra_memory is not None and not callable(self.extra_memory):
+            raise SpecError(
+                f"kernel {self.name!r} ({self.op}/{self.variant}): extra_memory must be a function of the op's "
+                f"shapes returning bytes (e.g. lambda shapes: 4 * shapes['vocab'] * shapes['hidden']) or None, "
+                f"got {type(self.extra_memory).__name__} {self.extra_memory!r}"
+            )
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -323,9 +336,7 @@ class KernelSpec:
 
     def factory_repr(self) -> str:
         f = self.factory
-        if isinstance(f, str):
-            return f
-        return f"{getattr(f, '__module__', '?')}:{getattr(f, '__qualname__', repr(f))}"
+        return f if isinstance(f, str) else _callable_repr(f)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -342,8 +353,13 @@ class KernelSpec:
             "tolerances": {d: [t.atol, t.rtol] for d, t in self.tolerances},
             "features": list(self.features),
             "parallel": list(self.parallel),
+            "extra_memory": _callable_repr(self.extra_memory) if self.extra_memory is not None else None,
             "description": self.description,
         }
+
+
+def _callable_repr(f: Callable[..., Any]) -> str:
+    return f"{getattr(f, '__module__', '?')}:{getattr(f, '__qualname__', repr(f))}"
 
 
 class SpecDefaults:

@@ -118,6 +118,42 @@ def checked_ops(what: str, ops: Iterable[str]) -> None:
         raise ValueError(f"unknown op(s) in {what}: {unknown}; known: {', '.join(OPS)}")
 
 
+GIB = 2**30
+
+
+@dataclass(frozen=True, init=False)
+class MemoryBudget:
+    """The device memory a job can give its kernels: ``free_bytes``, and per op the shapes a
+    kernel's :attr:`~veomni_ops.spec.KernelSpec.extra_memory` takes (``cross_entropy``: ``tokens``,
+    ``hidden``, ``vocab``, ``itemsize``). ``auto`` passes over a kernel whose extra memory at
+    these shapes exceeds ``free_bytes``; an op without shapes here is not checked::
+
+        MemoryBudget(2**30, shapes={"cross_entropy": {"tokens": 32768, "hidden": 2560, "vocab": 151936,
+                                                      "itemsize": 2}})
+    """
+
+    free_bytes: int
+    shapes: Mapping[str, Mapping[str, int]]
+
+    def __init__(self, free_bytes: int, shapes: Mapping[str, Mapping[str, int]] | None = None):
+        if not isinstance(free_bytes, int) or isinstance(free_bytes, bool) or free_bytes < 0:
+            raise ValueError(f"MemoryBudget.free_bytes must be a non-negative int (bytes), got {free_bytes!r}")
+        shapes = shapes or {}
+        checked_ops("MemoryBudget shapes", shapes)
+        norm: dict[str, Mapping[str, int]] = {}
+        for op, dims in shapes.items():
+            bad = {k: v for k, v in dims.items() if not isinstance(v, int) or isinstance(v, bool) or v < 0}
+            if bad:
+                raise ValueError(f"MemoryBudget shapes of {op}: each must be a non-negative int, got {bad}")
+            norm[op] = dict(dims)
+        object.__setattr__(self, "free_bytes", free_bytes)
+        object.__setattr__(self, "shapes", norm)
+
+    def describe(self) -> str:
+        """``"1.00 GiB free on the device"``."""
+        return f"{self.free_bytes / GIB:.2f} GiB free on the device"
+
+
 @dataclass(frozen=True, init=False)
 class Target:
     """What resolution resolves for: ``device`` (a :class:`~veomni_ops.device.DeviceInfo`, a
@@ -130,6 +166,10 @@ class Target:
     ``leaves_to_model``: the model's own code is there for an op ``auto`` finds no usable kernel
     for: such an op is left out of the plan (``plan.left`` says why) instead of refused; a kernel
     the config names is still refused. ``apply`` resolves so.
+
+    ``memory``: a :class:`MemoryBudget` (``None``: memory is not considered). ``auto`` then passes
+    over a kernel whose declared extra memory does not fit the free bytes, for the next usable
+    one; a kernel the config names is taken whatever it needs.
     """
 
     device: DeviceInfo
@@ -139,13 +179,17 @@ class Target:
     features: Mapping[str, frozenset[str]]
     parallel: Mapping[str, frozenset[str]]
     leaves_to_model: bool
+    memory: MemoryBudget | None
 
     def __init__(self, device: DeviceInfo | str | None = None, *, dtype: str | None = None, mode: Mode = Mode.TRAINING,
                  needs: Needs | None = None, features: Mapping[str, Iterable[str]] | None = None,
-                 parallel: Mapping[str, Iterable[str]] | None = None, leaves_to_model: bool = False):
+                 parallel: Mapping[str, Iterable[str]] | None = None, leaves_to_model: bool = False,
+                 memory: MemoryBudget | None = None):
         if not isinstance(mode, Mode):
             raise TypeError(f"Target(mode=...) takes a veomni_ops.Mode (e.g. Mode.TRAINING | Mode.COMPILE), "
                             f"got {mode!r}")
+        if memory is not None and not isinstance(memory, MemoryBudget):
+            raise TypeError(f"Target(memory=...) takes a veomni_ops.MemoryBudget, got {memory!r}")
         if needs is not None:
             checked_ops("needs", needs)
         features = features or {}
@@ -159,3 +203,4 @@ class Target:
         put(self, "features", {op: frozenset(f) for op, f in features.items()})
         put(self, "parallel", {op: frozenset(p) for op, p in (parallel or {}).items()})
         put(self, "leaves_to_model", leaves_to_model)
+        put(self, "memory", memory)

@@ -281,7 +281,7 @@ def _liger_chunk_tokens(n, hdim, vocab, c):
 @pytest.mark.parametrize("n", [1, 19, 4096, 8192, 16384, 32768, 100_000])
 def test_fused_linear_chunk_size_stays_within_the_budget(n):
     hdim, vocab, budget = 2560, 151936, ce.CHUNK_LOGITS_BUDGET_BYTES
-    c = ce._chunk_mem_const(n, hdim, vocab, 2, budget)
+    c = ce.chunk_mem_const(n, hdim, vocab, 2, budget)
     tokens = _liger_chunk_tokens(n, hdim, vocab, c)
     default = _liger_chunk_tokens(n, hdim, vocab, 1)
     assert tokens * vocab * 2 <= budget or c == 1

@@ -39,7 +39,7 @@ from ..lock import LockArg
 from ..plan import KernelPlan, PlanEntry, text_columns
 from ..resolve import ResolutionError, resolve
 from ..spec import split_name
-from ..target import Mode, Need, Target
+from ..target import MemoryBudget, Mode, Need, Target
 from .binders import BY_OP, Edits, NotBindable, Place, find_places
 from .functions import RebindError, copy_with_globals, library_method
 from .head import causal_lm_forward
@@ -295,6 +295,7 @@ def apply(
     parallel: ParallelWrapper | None = None,
     skip_logits: bool | None = None,
     lock: LockArg = None,
+    memory: MemoryBudget | None = None,
 ) -> Binding:
     """Resolve (if given a config) and bind kernels into ``model``. Returns a :class:`Binding`
     (also ``model.veomni_ops_binding``); ``binding.remove()`` undoes it.
@@ -324,6 +325,10 @@ def apply(
     mode and the model's dtype is an error), ``None`` (``VEOMNI_OPS_LOCK`` if set; ignored with a
     warning where it does not match) or ``False`` (no lock). Its choices take the ops the config
     leaves on ``auto``.
+
+    ``memory``: a :class:`~veomni_ops.target.MemoryBudget` (the device memory free for the job and
+    the shapes each op runs at): ``auto`` passes over a kernel whose declared extra memory does not
+    fit it, for the next usable one (the plan entry's reason says so). ``None``: not considered.
     """
     check_transformers(type(model))
     if skip_logits not in (None, True, False):
@@ -334,7 +339,7 @@ def apply(
         current.remove()
         try:
             return apply(model, config_or_plan, device=device, registry=registry, training=training,
-                         compile=compile, parallel=parallel, skip_logits=skip_logits, lock=lock)
+                         compile=compile, parallel=parallel, skip_logits=skip_logits, lock=lock, memory=memory)
         except BaseException:
             if not getattr(model.__dict__.get("veomni_ops_binding"), "in_force", False):
                 current.restore()
@@ -350,11 +355,14 @@ def apply(
         if lock is not None and lock is not False:
             raise BindingError("a plan lock applies when resolving: pass apply(model, config, lock=...), not a "
                                "resolved plan (or resolve the plan with resolve(config, lock=...))")
+        if memory is not None:
+            raise BindingError("a memory budget applies when resolving: pass apply(model, config, memory=...), not "
+                               "a resolved plan (or resolve the plan with resolve(config, Target(..., memory=...)))")
     # One target for the model: what its places need, in its dtype and mode, under its parallel layout.
     mode = Mode.of(training=training, compile=given.compile if given is not None else compile)
     target = Target(dev, dtype=_model_dtype(model), mode=mode, needs=_target_needs(places),
                     features=features_of(places), parallel=parallel.needs() if parallel is not None else None,
-                    leaves_to_model=True)
+                    leaves_to_model=True, memory=memory)
     if given is not None:
         plan = _with_logits_kernel(given, places, target, registry)
     else:

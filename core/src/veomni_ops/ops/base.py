@@ -10,7 +10,7 @@ wrapper). Nothing here imports torch, and nothing here imports another module of
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +82,18 @@ def conformance_class_name(op: str) -> str:
 
 
 @dataclass(frozen=True)
+class PathMemory:
+    """What one variant's path holds beyond the inputs every variant of the op takes, as a
+    function of the op's shapes (bytes), and what that is in words. ``auto`` under a memory
+    budget counts it toward each kernel of the variant (:class:`~veomni_ops.target.MemoryBudget`):
+    ``cross_entropy``'s ``logits`` kernels take the ``[N, V]`` logits the head makes for them,
+    which the ``fused_linear`` ones never hold."""
+
+    bytes: Callable[[Mapping[str, int]], int]
+    what: str
+
+
+@dataclass(frozen=True)
 class OpDef:
     """Everything the core knows about one op, as its folder declares it.
 
@@ -95,6 +107,8 @@ class OpDef:
     :data:`veomni_ops.config.LEGACY_VALUES`); ``legacy_notes``: what a legacy value meant
     beyond its kernel, said in its warning. ``compile_preferences``: device type -> the
     measured compile-mode choices, best first (:mod:`veomni_ops.compile_policy`).
+    ``path_memory``: variant -> :class:`PathMemory`, what that variant's path holds beyond the
+    inputs of the op's other variants (for ``auto`` under a memory budget).
 
     The heavy parts, as ``"module:attr"`` (imported only when used): ``reference``, a function
     returning the core's own ``KernelSpec`` s for the op (registered by
@@ -113,6 +127,7 @@ class OpDef:
     legacy: Mapping[str, str] = field(default_factory=dict)
     legacy_notes: Mapping[str, str] = field(default_factory=dict)
     compile_preferences: Mapping[str, tuple[Preference, ...]] = field(default_factory=dict)
+    path_memory: Mapping[str, PathMemory] = field(default_factory=dict)
     reference: str = ".reference:specs"
     binder: str = ".binder:BINDER"
     harness: str = ".cases:HARNESS"

@@ -38,7 +38,7 @@ The package, by concern:
 
 from __future__ import annotations
 
-from ..target import Mode, Need, Needs, Target
+from ..target import MemoryBudget, Mode, Need, Needs, Target
 from .checks import OpRequest, kernel_problem, requirement_problem, spec_problem, static_problem, unmet_requirements
 from .entry import all_needs, resolve, resolve_named
 from .explain import (
@@ -61,6 +61,7 @@ __all__ = [
     "PICK_ANOTHER",
     "REFERENCE",
     "REFERENCE_PREFERS",
+    "MemoryBudget",
     "Mode",
     "Need",
     "Needs",

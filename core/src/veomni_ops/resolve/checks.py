@@ -13,9 +13,10 @@ from importlib import metadata
 
 from ..device import DeviceInfo, check_hardware, current_device, is_local
 from ..discovery import strict_mode
+from ..ops import op_def
 from ..registry import RegisteredKernel, Registry
-from ..spec import KernelSpec
-from ..target import Mode, Need, Target
+from ..spec import KernelSpec, SpecError
+from ..target import GIB, Mode, Need, Target
 from .explain import Problem, Refusal, RefusalKind
 from .load import import_failure, import_why, load_kernel, strict_import_error
 
@@ -158,6 +159,36 @@ class OpRequest:
     def problem(self, spec: KernelSpec) -> Problem | None:
         return spec_problem(spec, self.device, self.target.dtype, self.mode.training, self.features, self.mode.compile,
                             self.parallel, self.check_requires)
+
+    def extra_memory(self, spec: KernelSpec) -> int | None:
+        """Bytes ``spec`` needs beyond its inputs at the target's shapes for this op, with what its
+        variant's path holds beyond the op's other variants (:class:`~veomni_ops.ops.base.PathMemory`);
+        ``None`` where the target has no memory budget, no shapes for the op, or nothing is known."""
+        budget = self.target.memory
+        shapes = budget.shapes.get(self.op) if budget is not None else None
+        path = op_def(self.op).path_memory.get(spec.variant)
+        if shapes is None or (spec.extra_memory is None and path is None):
+            return None
+        try:
+            own = int(spec.extra_memory(shapes)) if spec.extra_memory is not None else 0
+            return own + (int(path.bytes(shapes)) if path is not None else 0)
+        except Exception as e:
+            raise SpecError(f"kernel {spec.name!r} ({self.op}/{spec.variant}): its extra memory could not be "
+                            f"computed for the shapes {dict(shapes)}: {type(e).__name__}: {e}; fix the formula, or "
+                            f"give the MemoryBudget the shapes it reads") from e
+
+    def memory_problem(self, spec: KernelSpec) -> str | None:
+        """Why ``auto`` passes over ``spec`` for memory: what it needs beyond its inputs is more than
+        the target's budget has free. ``None`` where it fits or nothing is known."""
+        need = self.extra_memory(spec)
+        budget = self.target.memory
+        if need is None or budget is None or need <= budget.free_bytes:
+            return None
+        tokens = budget.shapes[self.op].get("tokens")
+        at = f" at {tokens} tokens" if tokens is not None else ""
+        path = op_def(self.op).path_memory.get(spec.variant)
+        with_path = f", {path.what} included" if path is not None else ""
+        return f"needs {need / GIB:.2f} GiB beyond its inputs{at}{with_path}; {budget.describe()}"
 
     def usable(self, rk: RegisteredKernel) -> bool:
         """Passes the checks, and its kernel did not fail to import in this process."""

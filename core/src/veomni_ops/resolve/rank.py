@@ -4,13 +4,18 @@
 tie was broken and by which rule. In compile mode the measured choices of
 :mod:`~veomni_ops.compile_policy` come first, and a plan lock in force (:mod:`~veomni_ops.lock`)
 outranks both. The reference kernel tries its own preferred variant first (:func:`variants_for`).
+
+Under a memory budget (:class:`~veomni_ops.target.MemoryBudget` on the target), ``auto`` and the
+compile-mode choices pass over a kernel whose declared extra memory does not fit the free bytes,
+saying what it needs; where every usable kernel was passed over so, the leanest is taken. A plan
+lock's choice is taken as the lock says.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from ..config import AUTO
 from ..lock import PlanLock
@@ -74,6 +79,10 @@ def _compile_preference(reg: Registry, req: OpRequest) -> tuple[PlanEntry | None
         rk = reg.get(req.op, pref.variant, pref.kernel) if not reg.is_contested(req.op, pref.kernel) else None
         if rk is None or req.problem(rk.spec) is not None:
             continue
+        too_big = req.memory_problem(rk.spec)
+        if too_big is not None:
+            failed.append(f"the measured compile-mode choice {reg.name_of(rk)} ({too_big})")
+            continue
         entry = try_entry(rk, AUTO, "", req.load, reg.name_of(rk))
         if isinstance(entry, Exception):
             failed.append(f"the measured compile-mode choice {reg.name_of(rk)} ({import_why(entry)})")
@@ -116,10 +125,16 @@ def resolve_auto(reg: Registry, req: OpRequest) -> PlanEntry | Refusal:
     # See AUTO_ORDER: priority, preferred variant, origin (core, first-party, others), name, distribution.
     cands = sorted((k for v in req.variants for k in reg.for_op(req.op, v)),
                    key=_auto_key({v: i for i, v in enumerate(req.variants)}))
+    too_big: list[RegisteredKernel] = []
     for i, rk in enumerate(cands):
         problem = req.problem(rk.spec)
         if problem is not None:
             passed.append(f"{reg.name_of(rk)} ({problem})")
+            continue
+        memory = req.memory_problem(rk.spec)
+        if memory is not None:
+            passed.append(f"{reg.name_of(rk)} ({memory})")
+            too_big.append(rk)
             continue
         entry = try_entry(rk, AUTO, "", req.load, reg.name_of(rk))
         if isinstance(entry, Exception):
@@ -127,9 +142,24 @@ def resolve_auto(reg: Registry, req: OpRequest) -> PlanEntry | Refusal:
             continue
         reason = _auto_reason(reg, req, rk, cands[i + 1:], passed)
         return dataclasses.replace(entry, reason=f"{reason}; {note}" if note else reason)
+    leanest = _leanest(reg, req, too_big)
+    if leanest is not None:
+        return leanest
     return req.refuse(reg, RefusalKind.NOTHING_USABLE,
                       "no registered kernel is usable here" + (": " + "; ".join(passed) if passed else ""),
                       "Install a backend for this op, or check why the candidates were refused.", available=())
+
+
+def _leanest(reg: Registry, req: OpRequest, too_big: list[RegisteredKernel]) -> PlanEntry | None:
+    """Where every usable kernel was passed over for memory: the one that needs the least (the
+    model's own code, which ``auto`` would leave the op to, holds at least as much), said so."""
+    for rk in sorted(too_big, key=lambda k: cast(int, req.extra_memory(k.spec))):
+        entry = try_entry(rk, AUTO, "", req.load, reg.name_of(rk))
+        if isinstance(entry, PlanEntry):
+            return dataclasses.replace(entry, reason=f"auto: no usable kernel fits the free device memory; took the "
+                                                     f"one that needs least, {reg.name_of(rk)} "
+                                                     f"({req.memory_problem(rk.spec)})")
+    return None
 
 
 def _lock_choice(reg: Registry, req: OpRequest, lock: PlanLock) -> PlanEntry | str:

@@ -97,11 +97,14 @@ def _bind(job: dict[str, Any], device: str, dtype, out, rt, compiled: bool) -> t
         rt.prepare(model)
         kw["parallel"] = rt
     kw["lock"] = job.get("lock")  # --lock, the job's lock: key, or (None) VEOMNI_OPS_LOCK
+    kw["memory"] = memory_budget(job, device, dtype, model, rt)
     binding = apply(model, job["ops"], compile=True, **kw) if compiled else apply(model, job["ops"], **kw)
     print(binding.plan.table(), file=out)
     print(f"bound: {json.dumps(binding.summary())}", file=out)
     facts: dict[str, Any] = {"plan": binding.plan.to_dict(), "bound": binding.summary(),
                              "init_device": "meta" if meta else "device"}
+    if kw["memory"] is not None:
+        facts["memory_budget"] = {"free_gib": kw["memory"].free_bytes / 2**30, "shapes": kw["memory"].shapes}
     if rt is not None:
         print(rt.describe(), file=out)
         model = rt.parallelize(model, binding, dtype)
@@ -120,6 +123,31 @@ def _bind(job: dict[str, Any], device: str, dtype, out, rt, compiled: bool) -> t
               f"materialised on {device} with the weights and buffers of the normal build (built on the CPU"
               f"{' by rank 0 and broadcast a tensor at a time' if rt is not None else ''})", file=out)
     return model, facts
+
+
+def memory_budget(job: dict[str, Any], device: str, dtype, model, rt=None):
+    """What ``auto`` may give the kernels on a CUDA device (:class:`~veomni_ops.target.MemoryBudget`):
+    the memory free now (the driver's, plus what PyTorch holds cached and unused) and the loss's
+    shapes at the tokens one rank's loss sees (its rows of the batch, its slice of the sequence).
+    ``None`` elsewhere. Built on the meta device (one process), the weights still to come are
+    counted out of it."""
+    if not str(device).startswith("cuda"):
+        return None
+    import torch
+
+    from ..target import MemoryBudget
+
+    t = job["train"]
+    rows, seq = int(t["batch_size"]), int(t["seq_len"])
+    if rt is not None:
+        rows, seq = rows // rt.layout.dp_shard, -(-seq // rt.layout.sp)
+    cfg = model.config.get_text_config()
+    free = torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    if rt is None and any(p.is_meta for p in model.parameters()):
+        free -= sum(p.numel() * p.element_size() for p in model.parameters())
+    shapes = {"tokens": rows * seq, "hidden": int(cfg.hidden_size), "vocab": int(cfg.vocab_size),
+              "itemsize": dtype.itemsize}
+    return MemoryBudget(max(0, free), shapes={"cross_entropy": shapes})
 
 
 def rank() -> int:

@@ -27,6 +27,8 @@ from __future__ import annotations
 from veomni_ops.hookspecs import hookimpl
 from veomni_ops.spec import ELEMENTWISE, MATMUL, HardwareRequirement, KernelSpec, SpecDefaults, Tolerance
 
+from .memory import fused_linear_extra
+
 #: The veomni-ops plugin API versions this backend is built for (docs/writing-a-backend.md,
 #: "The plugin API version"): outside it, discovery refuses the backend and says what to upgrade.
 VEOMNI_OPS_PLUGIN_API = ">=1.0,<2"
@@ -117,6 +119,9 @@ def cross_entropy() -> list[KernelSpec]:
             "Liger fused linear cross-entropy (chunked logits, grads in forward, fp32 dW accumulator)",
             requires=("liger-kernel>=0.6.4",),  # accum_dtype (#830, 0.6.2) and a working no-grad path (#931)
             tolerances=MATMUL,
+            # 1.449 GiB beyond inputs and gradients at 8k / 16k / 32k tokens (H100, hidden 2560, V 151,936,
+            # bf16, fwd+bwd: benchmarks/results/h100-2026-11-26-issue24/callA/bench-flce.json)
+            extra_memory=fused_linear_extra,
         ),
     ]
 

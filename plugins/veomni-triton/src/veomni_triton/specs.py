@@ -10,6 +10,8 @@ from __future__ import annotations
 from veomni_ops.hookspecs import hookimpl
 from veomni_ops.spec import ELEMENTWISE, MATMUL, HardwareRequirement, KernelSpec, SpecDefaults, Tolerance
 
+from .memory import fused_linear_extra
+
 #: The veomni-ops plugin API versions this backend is built for (docs/writing-a-backend.md,
 #: "The plugin API version"): outside it, discovery refuses the backend and says what to upgrade.
 VEOMNI_OPS_PLUGIN_API = ">=1.0,<2"
@@ -126,5 +128,8 @@ def cross_entropy() -> list[KernelSpec]:
             "Triton fused linear CE: cuBLAS logits per token chunk, one Triton online-softmax pass writing the "
             "gradient in place, cuBLAS dH and float32-accumulated dW; grads in forward (3 GEMMs), deterministic",
             tolerances=MATMUL,
+            # 2.319 / 3.043 / 3.043 GiB beyond inputs and gradients at 8k / 16k / 32k tokens (H100, hidden 2560,
+            # V 151,936, bf16, fwd+bwd: benchmarks/results/h100-2026-11-26-issue24/callA/bench-flce.json)
+            extra_memory=fused_linear_extra,
         ),
     ]

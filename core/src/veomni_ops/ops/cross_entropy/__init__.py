@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ..base import FLCE_EVIDENCE, OpDef, OpInfo, Preference
+from ..base import FLCE_EVIDENCE, OpDef, OpInfo, PathMemory, Preference
+from .memory import logits_path_bytes
 
 #: The kernel contract: the docstring of the ``cross_entropy`` hook (:class:`veomni_ops.hookspecs.OpHookspecs`).
 CONTRACT = """Token-level cross-entropy, returned as a **sum** over the tokens that count.
@@ -38,6 +39,7 @@ makes that division exact. Backward produces gradients for ``logits`` (or
 OP = OpDef(
     "cross_entropy", order=40, info=OpInfo(("logits", "fused_linear"), "cross_entropy_loss_implementation"),
     contract=CONTRACT, package=__name__, legacy={"chunk_loss": "chunked"},
+    path_memory={"logits": PathMemory(logits_path_bytes, "the [N, V] logits the head makes for it")},
     compile_preferences={"cuda": (
         Preference("triton", "fused_linear", "veomni-triton's fused linear loss measured against transformers + "
                    "compile in the same run: dense 1.06x at 0.62x memory, MoE 1.07x-1.11x at 0.67x (the compiled "

@@ -25,8 +25,6 @@ that division exact.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 
@@ -39,6 +37,7 @@ from ...kernels.checks import (
     check_ndim,
     check_same_device,
 )
+from .memory import CHUNK_LOGITS_BUDGET_BYTES, MIN_CHUNK_TOKENS, MIN_CHUNKS, default_chunk_size
 
 #: Its kernels, and the input checks they use (:mod:`veomni_ops.kernels.checks`): what
 #: ``veomni_ops.kernels.<module>`` re-exports.
@@ -50,12 +49,6 @@ __all__ = ["CHUNK_LOGITS_BUDGET_BYTES", "MIN_CHUNKS", "MIN_CHUNK_TOKENS", "WEIGH
 
 _OP = "cross_entropy"
 
-#: Upper bound on one chunk's float32 logits in :func:`chunked_fused_linear_cross_entropy_sum`.
-CHUNK_LOGITS_BUDGET_BYTES = 512 * 2**20
-#: The chunked kernel splits the tokens into at least this many chunks (when N allows).
-MIN_CHUNKS = 8
-#: ...but no chunk is smaller than this many tokens (tiny matmuls waste the device).
-MIN_CHUNK_TOKENS = 32
 #: The weight-gradient product of a chunk is formed in vocabulary slices of at most this
 #: many bytes before it is added to the float32 accumulator, so no second [V, H] buffer exists.
 WEIGHT_GRAD_SLICE_BYTES = 256 * 2**20
@@ -97,23 +90,6 @@ def fused_linear_cross_entropy_sum(
     check_linear_cross_entropy_inputs(hidden, weight, labels, bias, ignore_index)
     logits = F.linear(hidden, weight, bias)
     return _cross_entropy_sum(logits, labels, ignore_index)
-
-
-def default_chunk_size(num_tokens: int, vocab_size: int) -> int:
-    """Tokens per chunk for the chunked kernel.
-
-    At most :data:`CHUNK_LOGITS_BUDGET_BYTES` of float32 logits per chunk and at least
-    :data:`MIN_CHUNKS` chunks, so a chunk's logits stay a small fraction of what the eager
-    path holds (it keeps several ``[N, V]`` tensors alive); never below
-    :data:`MIN_CHUNK_TOKENS` tokens, rounded down to a multiple of 64 when larger (matmul
-    tiles).
-    """
-    by_budget = max(1, CHUNK_LOGITS_BUDGET_BYTES // (4 * max(1, vocab_size)))
-    by_count = math.ceil(num_tokens / MIN_CHUNKS)
-    chunk = max(MIN_CHUNK_TOKENS, min(by_budget, by_count))
-    if chunk > 64:
-        chunk = chunk // 64 * 64
-    return max(1, min(chunk, num_tokens))
 
 
 def _chunk_step(

@@ -51,43 +51,15 @@ skips ignored rows and the adapter never divides). Zero tokens return a differen
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from liger_kernel.ops.cross_entropy import cross_entropy_forward
 from liger_kernel.ops.fused_linear_cross_entropy import fused_linear_cross_entropy_forward
 from torch.autograd.graph import increment_version
 
+from ..memory import CHUNK_LOGITS_BUDGET_BYTES, chunk_mem_const
 from ._common import CHECKS
 
 _OP = "cross_entropy"
-
-#: Upper bound on one chunk's logits (input dtype) in the fused-linear kernel; see the module
-#: docstring. 1 GiB keeps the peak a small fraction of the eager path's [N, V] tensors.
-CHUNK_LOGITS_BUDGET_BYTES = 2**30
-
-
-@functools.lru_cache(maxsize=256)
-def _chunk_mem_const(n: int, hdim: int, vocab: int, itemsize: int, budget: int) -> int:
-    """The largest ``chunk_mem_const`` (1..256) whose chunk logits fit ``budget`` bytes.
-
-    Mirrors Liger 0.8.5's rule: ``inc = cdiv(V, c·H)``, ``chunk = min(next_pow2(cdiv(N, inc)), N)``.
-    1 (Liger's default, its smallest chunks) when even that exceeds the budget."""
-
-    def chunk(c: int) -> int:
-        inc = -(-vocab // (c * hdim))
-        tokens = -(-n // inc)
-        return min(1 << (tokens - 1).bit_length(), n)
-
-    best = 1
-    for c in range(2, 257):
-        tokens = chunk(c)
-        if tokens * vocab * itemsize > budget:
-            break
-        best = c
-        if tokens >= n:
-            break
-    return best
 
 
 def _zero_loss(*tensors: torch.Tensor | None) -> torch.Tensor:
@@ -167,7 +139,7 @@ class _LigerFusedLinearCrossEntropySum(torch.autograd.Function):
             ignore_index=ignore_index,
             reduction="sum",
             accum_dtype=accum,
-            chunk_mem_const=_chunk_mem_const(
+            chunk_mem_const=chunk_mem_const(
                 h.shape[0], h.shape[1], w.shape[0], h.element_size(), CHUNK_LOGITS_BUDGET_BYTES
             ),
         )

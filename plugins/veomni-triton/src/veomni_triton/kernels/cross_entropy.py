@@ -45,33 +45,17 @@ import triton.language as tl
 from veomni_ops.kernels.checks import can_read_values, check_chunk_size, device_assert
 from veomni_ops.kernels.cross_entropy import add_weight_grad_
 
+from ..memory import CHUNK_LOGITS_BYTES, CHUNK_QUANTUM, chunk_tokens
 from ._common import CHECKS, check_tensors
 from .launch import eager_path, launch, next_pow2
 
 _OP = "cross_entropy"
+#: The chunk rule (:mod:`veomni_triton.memory`, torch-free: the spec's ``extra_memory`` uses it too).
+__all__ = ["CHUNK_LOGITS_BYTES", "CHUNK_QUANTUM", "chunk_tokens", "fused_linear_cross_entropy_sum"]
 
-#: Budget for one chunk's logits in the input dtype: 2.5 GiB holds 8,832 tokens of a 151,936
-#: vocabulary in bf16, so 8k tokens are one chunk (dW then needs no float32 accumulator) and
-#: 16k / 32k tokens two / four chunks of 8,192. The H100 sweep (hidden 2560, bf16, fwd+bwd;
-#: benchmarks/results/h100-2026-11-25-flce/) measured 8,192-token chunks fastest: 121.7 ms at
-#: 32k tokens against 124.4 (4,096) and 131.0 (2,048), at +3.0 GiB against +1.9 / +1.4.
-CHUNK_LOGITS_BYTES = 5 << 29
-#: Chunks are multiples of this many tokens (GEMM tiles), and never smaller.
-CHUNK_QUANTUM = 256
 #: Elements of a logit row one program handles per step of its loop.
 ROW_BLOCK = 4096
 ROW_WARPS = 16
-
-
-def chunk_tokens(num_tokens: int, vocab_size: int, element_size: int, budget: int = CHUNK_LOGITS_BYTES) -> int:
-    """Tokens per chunk: the fewest chunks whose logits fit ``budget`` bytes each, of equal size
-    rounded up to a multiple of :data:`CHUNK_QUANTUM` (so no small tail chunk), at least one
-    quantum, never more than ``num_tokens``."""
-    fit = max(CHUNK_QUANTUM, budget // max(1, vocab_size * element_size) // CHUNK_QUANTUM * CHUNK_QUANTUM)
-    chunks = -(-num_tokens // fit)
-    even = -(-num_tokens // max(1, chunks))
-    chunk = -(-even // CHUNK_QUANTUM) * CHUNK_QUANTUM
-    return max(1, min(chunk, fit, num_tokens))
 
 
 @triton.jit
