@@ -12,6 +12,9 @@
 #   tune:NAME        veomni-ops tune examples/NAME.yaml --out $OUT/i24/lock-NAME.json --json
 #   lockstep:NAME    veomni-ops train examples/NAME.yaml --lock that lock --compare examples/NAME.yaml
 #                    (the tuned plan, then the static auto, same data and seed)
+#   prof:NAME        benchmarks/gpu/par_profile.py examples/NAME.yaml (timed steps, then 3 profiled: where the
+#                    step's time goes, e.g. a train.compile job beside transformers + compile)
+#   moe              veomni-ops bench --preset moe-30b-a3b --op moe_experts (the experts goal, <= 4.5 ms fwd+bwd)
 # A step is skipped once fewer than 60 s are left of DEADLINE (epoch seconds; default now + 540).
 # STEPS (default 30): training steps of each train run.
 set -u
@@ -49,6 +52,10 @@ for s in "$@"; do
         > "$RES/tune-$n.json" 2> "$RES/tune-$n.log"; tail -25 "$RES/tune-$n.log";;
     lockstep:*) timeout $((left - 5)) $V train "examples/$n.yaml" --steps "$STEPS" --lock "$RES/lock-$n.json" \
         --compare "examples/$n.yaml" --json > "$RES/lockstep-$n.json" 2> "$RES/lockstep-$n.log"; tail -12 "$RES/lockstep-$n.log";;
+    prof:*) timeout $((left - 5)) python3 benchmarks/gpu/par_profile.py "examples/$n.yaml" --steps 14 --out "$RES" \
+        > "$RES/prof-$n.log" 2>&1; grep "tok/s |" "$RES/prof-$n.log" || tail -5 "$RES/prof-$n.log";;
+    moe) timeout $((left - 5)) $V bench --preset moe-30b-a3b --op moe_experts --quiet --json "$RES/bench-moe.json" \
+        > "$RES/bench-moe.md" 2> "$RES/bench-moe.log"; grep -E "fwd\+bwd" "$RES/bench-moe.md" | head;;
     *) echo "unknown step $s";;
   esac
   echo "[i24]   ($s took $(( $(date +%s) - t0 )) s)"
