@@ -30,11 +30,12 @@ compiler's fusion of the reference beats most opaque kernels). ``tune`` measures
   the lock is written.
 * **A process per trial.** Each trial trains in a fresh Python process of its own
   (:class:`~.tuner.ProcessTimer`: ``veomni-ops train JOB --tune-trial``, its output to a
-  temporary log): nothing an earlier trial left behind (the allocator's cache and fragmentation,
-  compiled and Triton caches, garbage) moves its step, and a candidate that crashes its process
-  is a failed measurement (its error ends with the child's last stderr lines), not the end of
-  the tune. ``--in-process`` times every trial in the tune's own process
-  (:class:`~.tuner.StepTimer`). The lock's ``method`` says which.
+  temporary log): nothing an earlier trial left in memory (the allocator's cache and
+  fragmentation, compiled graphs, garbage) moves its step (the on-disk Triton and inductor
+  caches are shared), and a candidate that crashes its process is a failed measurement (its
+  error ends with the child's last stderr lines), not the end of the tune. ``--in-process``
+  times every trial in the tune's own process (:class:`~.tuner.StepTimer`). The lock's
+  ``method`` says which.
 * ``--dry-run`` prints the trials (and which were measured before) without timing anything.
   A progress bar goes to stderr (one plain line per trial where stderr is not a terminal).
 

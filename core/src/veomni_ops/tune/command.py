@@ -27,8 +27,8 @@ WHAT = ("per trial, a fresh model of the job (its seed, data, batch, dtype and m
         "median. A candidate is timed with every other op at its static auto choice; its losses must agree with "
         "the static plan's")
 #: Where the trials run (the lock's ``method``: ``trials``), by ``--in-process``.
-WHERE = {False: "each trial in a fresh Python process of its own: nothing an earlier trial left behind (the "
-                "allocator's cache, compiled and Triton caches, garbage) moves its step",
+WHERE = {False: "each trial in a fresh Python process of its own: nothing an earlier trial left in memory (the "
+                "allocator's cache, compiled graphs, garbage) moves its step",
          True: "every trial in the tune's own process (--in-process)"}
 
 
@@ -69,7 +69,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                                                         "interrupted tune kept (LOCK.json.partial)")
     p.add_argument("--in-process", action="store_true",
                    help="time every trial in this process, not each in a fresh Python process of its own (the "
-                        "default: what an earlier trial leaves behind, the allocator's cache, compiled caches, "
+                        "default: what an earlier trial leaves in memory, the allocator's cache, compiled graphs, "
                         "garbage, can move a step by more than the differences a tune looks for; a process costs "
                         "a few seconds of start-up per trial, not timed)")
     p.add_argument("--dry-run", action="store_true", help="print what would be timed, and exit")

@@ -104,14 +104,14 @@ class StepTimer:
 
 class ProcessTimer:
     """Times a trial as :class:`StepTimer` does, in a fresh Python process of its own (``veomni-ops
-    train JOB --tune-trial``): nothing an earlier trial left behind (the allocator's cache and
-    fragmentation, compiled and Triton caches, garbage) moves its step. The child reads the job's
-    YAML as the tune did, binds the trial's lock (written to a temporary file; the static plan: no
-    lock at all, neither the job's ``lock:`` key nor ``VEOMNI_OPS_LOCK``), trains ``warmup`` +
-    ``steps`` steps without checkpoints, and writes its result to a file this process reads. Its
-    output goes to a temporary log; a child that fails gives a measurement whose error names the
-    failure and ends with the last lines of that log. ``python``: the interpreter command (this
-    one by default)."""
+    train JOB --tune-trial``): nothing an earlier trial left in memory (the allocator's cache and
+    fragmentation, compiled graphs, garbage; the on-disk caches are shared) moves its step. The
+    child reads the job's YAML as the tune did, binds the trial's lock (written to a temporary
+    file; the static plan: no lock at all, neither the job's ``lock:`` key nor
+    ``VEOMNI_OPS_LOCK``), trains ``warmup`` + ``steps`` steps without checkpoints, and writes its
+    result to a file this process reads. Its output goes to a temporary log; a child that fails
+    gives a measurement whose error names the failure and ends with the last lines of that log.
+    ``python``: the interpreter command (this one by default)."""
 
     #: The last lines of a failed child's stderr kept in its measurement's error.
     TAIL = 6
