@@ -438,7 +438,7 @@ def test_dry_run_prints_what_it_would_time(tmp_path, capsys):
     assert main(["tune", job, "--dry-run", "--steps", "3"]) == 0
     text = capsys.readouterr().out
     assert f"lock: {out}" in text and "cpu (cpu), eager mode, float32, batch 2 x seq 8 = 16 tokens/step" in text
-    assert "each 2 warm-up + 3 timed steps" in text
+    assert "each 2 warm-up + 3 timed steps" in text and "; each trial in a fresh Python process of its own" in text
     lines = [ln.split() for ln in text.splitlines()]
     assert ["1", "static", "every", "op", "at", "its", "static", "auto", "choice"] in lines
     assert any(ln[1:4] == ["attention/standard", "eager@veomni-ops/standard", "sdpa@veomni-ops/standard"]
@@ -479,11 +479,13 @@ def test_real_tune_on_cpu_and_train_takes_the_lock(tmp_path, capsys):
     then ``train`` with it, through ``--lock`` and through the job's ``lock:`` key."""
     job = write_job(tmp_path, lock="tiny.lock.json")
     out = str(tmp_path / "tiny.lock.json")
-    assert main(["tune", job, "--steps", "1", "--warmup", "1", "--op", "attention"]) == 0
+    # In this process (the default, a process per trial, is timed below: test_process_timer_*).
+    assert main(["tune", job, "--steps", "1", "--warmup", "1", "--op", "attention", "--in-process"]) == 0
     captured = capsys.readouterr()
     assert f"plan lock written: {out}" in captured.out and "tune [" in captured.err
     lock = load_lock(out)
     assert [c.op for c in lock.choices] == ["attention"] and lock.method["timed_steps"] == 1
+    assert lock.method["trials"] == "every trial in the tune's own process (--in-process)"
     assert set(lock.measurements) >= {"static", "attention/standard:eager@veomni-ops/standard"}
     for key, m in lock.measurements.items():
         assert m["error"] is None and len(m["step_ms"]) == 1 and len(m["losses"]) == 2, key
@@ -509,6 +511,109 @@ def test_tune_in_compile_mode_binds_for_compile(tmp_path, monkeypatch):
     m = tune.StepTimer(s, steps=1, warmup=1)(trial)
     assert m.ok and len(m.step_ms) == 1 and compiled
     assert trial.lock.mode == "compile"
+
+
+# ----------------------------------------------------------------------------------------
+# a process per trial (ProcessTimer): real children, 1 warm-up + 2 timed steps
+# ----------------------------------------------------------------------------------------
+
+
+def attention_trial(s):
+    """The trial of the tiny job's one attention candidate that is not the static choice (eager)."""
+    return next(t for t in s.trials() if t.candidate is not None and t.request.op == "attention")
+
+
+def test_process_timer_trains_as_the_in_process_timer(tmp_path):
+    """Same job, seed and data: a trial timed in a process of its own has the in-process trial's
+    losses, and it bound the trial's candidate (checked on the child's plan)."""
+    s = tune.setup(train.load_job(write_job(tmp_path)))
+    trial = attention_trial(s)
+    child = tune.ProcessTimer(s, steps=2, warmup=1)(trial)
+    assert child.ok, child.error
+    here = tune.StepTimer(s, steps=2, warmup=1)(trial)
+    assert len(child.losses) == 3 and child.losses == pytest.approx(here.losses, rel=1e-6)
+    assert len(child.step_ms) == 2 and all(ms > 0 for ms in child.step_ms) and child.peak_gib is not None
+    assert not list(tmp_path.glob("*.partial")) and not (tmp_path / "checkpoints").exists()
+
+
+def test_process_timer_checks_the_kernel_the_child_bound(tmp_path):
+    s = tune.setup(train.load_job(write_job(tmp_path)))
+    trial = attention_trial(s)
+    wrong = dataclasses.replace(trial, candidate=dataclasses.replace(trial.candidate, kernel="flash"))
+    with pytest.raises(tune.TuneError, match="the trial of flash@veomni-ops/standard bound eager@veomni-ops/standard"):
+        tune.ProcessTimer(s, steps=1, warmup=0)(wrong)
+
+
+def test_static_trial_in_a_process_binds_no_lock(tmp_path, monkeypatch, capsys):
+    """The static plan's child reads neither the job's ``lock:`` key nor VEOMNI_OPS_LOCK (both name
+    an unreadable file here, which ``train`` refuses)."""
+    (tmp_path / "bad.lock.json").write_text("{not json")
+    job = write_job(tmp_path, lock="bad.lock.json")
+    monkeypatch.setenv(ENV_LOCK, str(tmp_path / "bad.lock.json"))
+    s = tune.setup(train.load_job(job, here=False))
+    m = tune.ProcessTimer(s, steps=2, warmup=1)(tune.Trial("static", False))
+    assert m.ok, m.error
+    assert len(m.losses) == 3
+    assert main(["train", job, "--steps", "1"]) == 1  # what the lock would have done to the trial
+    assert "bad.lock.json: cannot be read as JSON" in capsys.readouterr().err
+
+
+def test_a_failed_trial_process_is_a_failed_measurement_and_the_tune_goes_on(tmp_path):
+    """The candidate's child refuses its lock (tuned for compile mode: an explicit lock that does
+    not match). Its measurement names the error and ends with the child's last stderr lines (the
+    traceback); the tune records it, keeps the static choice and writes the lock."""
+    s = tune.setup(train.load_job(write_job(tmp_path)))
+    s = dataclasses.replace(s, requests=tuple(r for r in s.requests if r.op == "attention"))
+    real = tune.ProcessTimer(s, steps=2, warmup=1)
+
+    def timer(trial):
+        if trial.candidate is None:  # the static plan: not what this test is about
+            return tune.Measurement([10.0, 10.0], [5.0, 4.0, 3.0])
+        return real(dataclasses.replace(trial, lock=dataclasses.replace(trial.lock, mode="compile")))
+
+    stream = io.StringIO()
+    lock = tune.Tuner(s, str(tmp_path / "l.json"), timer, stream=stream).run()
+    err = lock.measurements[attention_trial(s).key]["error"]
+    assert err.startswith("LockMismatchError: plan lock ")
+    assert "does not match here: mode: the lock was tuned in compile mode" in err
+    tail = err.split(" [its stderr ends: ", 1)[1]
+    assert "veomni_ops.lock.LockMismatchError: plan lock" in tail and tail.endswith("]")
+    att = lock.choice("attention", ("standard",))
+    assert att.kernel == "sdpa" and "refused: LockMismatchError" in att.why
+    assert "eager@veomni-ops/standard: failed: LockMismatchError" in stream.getvalue()
+
+
+@pytest.mark.parametrize("script, error", [
+    ("echo 'loading the kernel' >&2\necho 'Fatal Python error: Segmentation fault' >&2\nkill -SEGV $$",
+     "the trial's process was killed by signal 11 [its stderr ends: loading the kernel | Fatal Python error: "
+     "Segmentation fault]"),
+    ("exit 3", "the trial's process exited with status 3 and wrote no result [its stderr was empty]"),
+])
+def test_a_crashed_trial_process_names_its_end_and_stderr(tiny_setup, tmp_path, script, error):
+    """A child that dies without writing its result (a crash in a kernel): an interpreter that does so."""
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\n" + script + "\n")
+    python.chmod(0o755)
+    m = tune.ProcessTimer(tiny_setup, python=[str(python)])(tune.Trial("static", False))
+    assert not m.ok and m.error == error
+
+
+@pytest.mark.parametrize("flags, built", [((), "ProcessTimer"), (("--in-process",), "StepTimer")])
+def test_tune_times_each_trial_in_a_process_unless_in_process(tmp_path, monkeypatch, flags, built):
+    made = []
+
+    def factory(name):
+        def make(s, steps, warmup):
+            made.append((name, steps, warmup))
+            return FakeTimer()
+        return make
+
+    for name in ("ProcessTimer", "StepTimer"):
+        monkeypatch.setattr(tune.command, name, factory(name))
+    job = write_job(tmp_path)
+    assert main(["tune", job, "--op", "attention", "--steps", "3", *flags]) == 0
+    assert made == [(built, 3, 2)]
+    assert load_lock(str(tmp_path / "job.lock.json")).method["trials"] == tune.command.WHERE[bool(flags)]
 
 
 def test_progress_redraws_in_place_on_a_terminal():

@@ -69,15 +69,24 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "model, optimizer, data position and RNG; the losses continue as if never stopped")
     p.add_argument("--result-file", help=argparse.SUPPRESS)
     p.add_argument("--as-baseline", choices=list(BASELINES), help=argparse.SUPPRESS)
+    # A trial of veomni-ops tune (its ProcessTimer, with --result-file): the job read as the tune
+    # reads it, bound with --lock only (none: the static plan), neither resuming nor checkpointing.
+    p.add_argument("--tune-trial", action="store_true", help=argparse.SUPPRESS)
 
 
 def _load(path: str, args: argparse.Namespace, main: bool = True) -> dict[str, Any]:
     """The job at ``path`` with the options applied (``--lock`` to CONFIG's job, the ``main`` one)."""
-    job = load_job(path, defaults=getattr(args, "defaults", "auto"))
+    trial = main and getattr(args, "tune_trial", False)
+    # A tune trial reads the job as the tune did (``here=False``: the tune checked this machine).
+    job = load_job(path, here=not trial, defaults=getattr(args, "defaults", "auto"))
     if main and getattr(args, "lock", None):
         from ..lock import LockFile
 
         job["lock"] = LockFile(args.lock, explicit=True, origin="--lock")
+    elif trial:
+        job["lock"] = False  # the static plan: not the job's lock: key, nor VEOMNI_OPS_LOCK
+    if trial:
+        job["train"].update(checkpoint_dir=None, resume=False)
     if main and getattr(args, "resume", None) is not None:
         job["train"]["resume"] = True if args.resume is True else os.path.abspath(args.resume)
         check_checkpointing(job)

@@ -1,4 +1,5 @@
-"""``veomni-ops tune JOB.yaml [--out LOCK.json] [--steps N] [--op OP]... [--dry-run] [--fresh]``:
+"""``veomni-ops tune JOB.yaml [--out LOCK.json] [--steps N] [--op OP]... [--dry-run] [--fresh]
+[--in-process]``:
 ``auto`` by measurement, on this machine, at the job's shapes.
 
 Static priorities do not know the device, the shapes or the mode (under ``torch.compile`` the
@@ -27,11 +28,18 @@ compiler's fusion of the reference beats most opaque kernels). ``tune`` measures
   tune of the same job on the same machine (same versions, shapes, mode, steps) resumes from it
   and times only what is missing (``--fresh`` times everything again). The side file goes when
   the lock is written.
+* **A process per trial.** Each trial trains in a fresh Python process of its own
+  (:class:`~.tuner.ProcessTimer`: ``veomni-ops train JOB --tune-trial``, its output to a
+  temporary log): nothing an earlier trial left in memory (the allocator's cache and
+  fragmentation, compiled graphs, garbage) moves its step (the on-disk Triton and inductor
+  caches are shared), and a candidate that crashes its process is a failed measurement (its
+  error ends with the child's last stderr lines), not the end of the tune. ``--in-process``
+  times every trial in the tune's own process (:class:`~.tuner.StepTimer`). The lock's
+  ``method`` says which.
 * ``--dry-run`` prints the trials (and which were measured before) without timing anything.
   A progress bar goes to stderr (one plain line per trial where stderr is not a terminal).
 
-Not yet: a job with a ``parallel:`` layout (tune a one-process copy), each trial in a process
-of its own (a candidate that crashes the device ends the tune; its measurements so far are kept).
+Not yet: a job with a ``parallel:`` layout (tune a one-process copy).
 
 The package: :mod:`~veomni_ops.tune.setup` (candidates and trials of a job),
 :mod:`~veomni_ops.tune.tuner` (timing, the side file, choosing, the lock) and
@@ -42,7 +50,18 @@ from __future__ import annotations
 
 from .command import configure, run
 from .setup import Candidate, Request, Trial, TuneSetup, default_out, setup
-from .tuner import MIN_GAIN, Measurement, Progress, StepTimer, Timer, TuneError, Tuner, TuneWarning, side_path
+from .tuner import (
+    MIN_GAIN,
+    Measurement,
+    ProcessTimer,
+    Progress,
+    StepTimer,
+    Timer,
+    TuneError,
+    Tuner,
+    TuneWarning,
+    side_path,
+)
 
-__all__ = ["MIN_GAIN", "Candidate", "Measurement", "Progress", "Request", "StepTimer", "Timer", "Trial", "TuneError",
-           "TuneSetup", "TuneWarning", "Tuner", "configure", "default_out", "run", "setup", "side_path"]
+__all__ = ["MIN_GAIN", "Candidate", "Measurement", "ProcessTimer", "Progress", "Request", "StepTimer", "Timer", "Trial",
+           "TuneError", "TuneSetup", "TuneWarning", "Tuner", "configure", "default_out", "run", "setup", "side_path"]

@@ -19,13 +19,17 @@ from ..plan import text_columns
 from ..spec import OPS
 from ..train.job import TrainConfigError, load_job
 from .setup import TuneSetup, default_out, setup
-from .tuner import MIN_GAIN, STEPS, WARMUP, StepTimer, Tuner, TuneWarning, read_side, side_path
+from .tuner import MIN_GAIN, STEPS, WARMUP, ProcessTimer, StepTimer, Tuner, TuneWarning, read_side, side_path
 
 #: How a trial is timed, in words (recorded in the lock's ``method``).
 WHAT = ("per trial, a fresh model of the job (its seed, data, batch, dtype and mode) trains warm-up + timed steps of "
         "forward, backward and AdamW; the wall time of each timed step (it ends with the loss read back); the "
         "median. A candidate is timed with every other op at its static auto choice; its losses must agree with "
         "the static plan's")
+#: Where the trials run (the lock's ``method``: ``trials``), by ``--in-process``.
+WHERE = {False: "each trial in a fresh Python process of its own: nothing an earlier trial left in memory (the "
+                "allocator's cache, compiled graphs, garbage) moves its step",
+         True: "every trial in the tune's own process (--in-process)"}
 
 
 def _count(text: str) -> int:
@@ -63,6 +67,11 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help=f"tune only this op (repeatable; the others keep the static choice): {', '.join(OPS)}")
     p.add_argument("--fresh", action="store_true", help="time everything again, ignoring the measurements an "
                                                         "interrupted tune kept (LOCK.json.partial)")
+    p.add_argument("--in-process", action="store_true",
+                   help="time every trial in this process, not each in a fresh Python process of its own (the "
+                        "default: what an earlier trial leaves in memory, the allocator's cache, compiled graphs, "
+                        "garbage, can move a step by more than the differences a tune looks for; a process costs "
+                        "a few seconds of start-up per trial, not timed)")
     p.add_argument("--dry-run", action="store_true", help="print what would be timed, and exit")
     p.add_argument("--json", action="store_true", help="print the lock (or, with --dry-run, the trials) as JSON on "
                                                        "stdout; the report goes to stderr")
@@ -115,7 +124,7 @@ def _run(args: argparse.Namespace) -> int:
     warmup = _warmup(args, s)
     human = sys.stderr if args.json else sys.stdout
     if args.dry_run:
-        dry_run(s, out, args.steps, warmup, args.fresh, human)
+        dry_run(s, out, args.steps, warmup, args.fresh, human, in_process=args.in_process)
         if args.json:
             print(json.dumps(trials_json(s, out, args.steps, warmup), indent=2))
         return 0
@@ -123,9 +132,10 @@ def _run(args: argparse.Namespace) -> int:
         raise TrainConfigError(f"veomni-ops tune times kernels on this machine, and the plan's device {s.device} (from "
                                f"VEOMNI_OPS_DEVICE) is not this machine's ({detected_device()}); run it there, or "
                                "pass --dry-run to see what it would time there")
-    method = {"what": WHAT, "timed_steps": args.steps, "warmup_steps": warmup}
+    method = {"what": WHAT, "trials": WHERE[args.in_process], "timed_steps": args.steps, "warmup_steps": warmup}
     _print_head(s, out, human)
-    tuner = Tuner(s, out, StepTimer(s, args.steps, warmup), min_gain=args.min_gain, method=method, fresh=args.fresh)
+    timer = (StepTimer if args.in_process else ProcessTimer)(s, args.steps, warmup)
+    tuner = Tuner(s, out, timer, min_gain=args.min_gain, method=method, fresh=args.fresh)
     lock = tuner.run()
     report(lock, s, out, human)
     if args.json:
@@ -151,11 +161,12 @@ def _print_head(s: TuneSetup, out: str, stream: TextIO) -> None:
     print(f"lock: {out}", file=stream)
 
 
-def dry_run(s: TuneSetup, out: str, steps: int, warmup: int, fresh: bool, stream: TextIO) -> None:
+def dry_run(s: TuneSetup, out: str, steps: int, warmup: int, fresh: bool, stream: TextIO, *,
+            in_process: bool = False) -> None:
     """What a tune of ``s`` would time, in words (nothing is built on the device, nothing timed)."""
     _print_head(s, out, stream)
     kept = {} if fresh else (read_side(side_path(out)) or {}).get("measurements", {})
-    print(f"method: {WHAT}", file=stream)
+    print(f"method: {WHAT}; {WHERE[in_process]}", file=stream)
     trials = s.trials()
     print(f"\ntrials ({len(trials)}, each {warmup} warm-up + {steps} timed steps; then the tuned plan once, if any "
           "choice differs from the static one):", file=stream)

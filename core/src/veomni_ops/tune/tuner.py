@@ -8,9 +8,11 @@ import json
 import math
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -61,7 +63,9 @@ class Measurement:
         return cls(list(d.get("step_ms") or []), list(d.get("losses") or []), d.get("peak_gib"), d.get("error"))
 
 
-#: What times a trial: given it, the measurement (the default trains the job: :class:`StepTimer`).
+#: What times a trial: given it, the measurement (``veomni-ops tune`` trains the job: each trial
+#: in a process of its own, :class:`ProcessTimer`, or with ``--in-process`` in the tune's,
+#: :class:`StepTimer`).
 Timer = Callable[[Trial], Measurement]
 
 
@@ -95,11 +99,93 @@ class StepTimer:
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-        if trial.request is not None and trial.candidate is not None:
-            _check_bound(trial.request, trial.candidate, res["plan"])
-        tokens = int(job["train"]["batch_size"]) * int(job["train"]["seq_len"])
-        rates = res["step_tokens_per_s"][self.warmup:]
-        return Measurement([tokens / r * 1e3 for r in rates], list(res["losses"]), res.get("peak_gib"))
+        return _measurement(trial, job, res, self.warmup)
+
+
+class ProcessTimer:
+    """Times a trial as :class:`StepTimer` does, in a fresh Python process of its own (``veomni-ops
+    train JOB --tune-trial``): nothing an earlier trial left in memory (the allocator's cache and
+    fragmentation, compiled graphs, garbage; the on-disk caches are shared) moves its step. The
+    child reads the job's YAML as the tune did, binds the trial's lock (written to a temporary
+    file; the static plan: no lock at all, neither the job's ``lock:`` key nor
+    ``VEOMNI_OPS_LOCK``), trains ``warmup`` + ``steps`` steps without checkpoints, and writes its
+    result to a file this process reads. Its output goes to a temporary log; a child that fails
+    gives a measurement whose error names the failure and ends with the last lines of that log.
+    ``python``: the interpreter command (this one by default)."""
+
+    #: The last lines of a failed child's stderr kept in its measurement's error.
+    TAIL = 6
+
+    def __init__(self, setup: TuneSetup, steps: int = STEPS, warmup: int = WARMUP,
+                 python: Sequence[str] | None = None):
+        self.setup, self.steps, self.warmup = setup, steps, warmup
+        self.python = list(python) if python is not None else [sys.executable]
+
+    def command(self, result: str, lock: str | None) -> list[str]:
+        """The child's command line: the result written to ``result``, bound with the lock file ``lock``."""
+        cmd = [*self.python, "-m", "veomni_ops.cli", "train", os.path.abspath(self.setup.job["path"]),
+               "--result-file", result, "--steps", str(self.warmup + self.steps), "--tune-trial"]
+        return cmd + (["--lock", lock] if lock is not None else [])
+
+    def __call__(self, trial: Trial) -> Measurement:
+        from ..reporting import ENV_TRACE
+
+        with tempfile.TemporaryDirectory(prefix="veomni-ops-tune-") as tmp:
+            result, log = os.path.join(tmp, "result.json"), os.path.join(tmp, "stderr.log")
+            lock = None
+            if isinstance(trial.lock, PlanLock):
+                lock = os.path.join(tmp, "trial.lock.json")
+                trial.lock.save(lock)
+            env = {**os.environ, ENV_TRACE: "1"}  # a failure's traceback ends the log: its tail says where
+            with open(log, "w") as err:
+                proc = subprocess.run(self.command(result, lock), stdin=subprocess.DEVNULL,
+                                      stdout=subprocess.DEVNULL, stderr=err, env=env, check=False)
+            res = _read_json(result)
+            if proc.returncode != 0 or res is None or "error" in res:
+                return Measurement(error=_child_failure(proc.returncode, res, _tail(log, self.TAIL)))
+        return _measurement(trial, self.setup.job, res, self.warmup)
+
+
+def _measurement(trial: Trial, job: dict[str, Any], res: dict[str, Any], warmup: int) -> Measurement:
+    """The measurement of a trial's training result ``res`` (after checking what it bound)."""
+    if trial.request is not None and trial.candidate is not None:
+        _check_bound(trial.request, trial.candidate, res["plan"])
+    tokens = int(job["train"]["batch_size"]) * int(job["train"]["seq_len"])
+    rates = res["step_tokens_per_s"][warmup:]
+    return Measurement([tokens / r * 1e3 for r in rates], list(res["losses"]), res.get("peak_gib"))
+
+
+def _read_json(path: str) -> dict[str, Any] | None:
+    """A child's result file; None where it wrote none (it crashed) or half of one."""
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _tail(path: str, n: int) -> list[str]:
+    """The last ``n`` non-blank lines of the file at ``path``."""
+    try:
+        with open(path, errors="replace") as fh:
+            lines = [ln.rstrip() for ln in fh if ln.strip()]
+    except OSError:
+        return []
+    return lines[-n:]
+
+
+def _child_failure(code: int, res: dict[str, Any] | None, tail: list[str]) -> str:
+    """A failed trial process, in one line: the error it wrote (else its exit status), then the
+    last lines of its stderr."""
+    if res is not None and isinstance(res.get("error"), str):
+        kind, why = str(res.get("kind") or ""), res["error"]
+        what = why if not kind or why.startswith(kind) else f"{kind}: {why}"
+    elif code < 0:
+        what = f"the trial's process was killed by signal {-code}"
+    else:
+        what = f"the trial's process exited with status {code} and wrote no result"
+    return what + (f" [its stderr ends: {' | '.join(tail)}]" if tail else " [its stderr was empty]")
 
 
 def _check_bound(request: Request, c: Candidate, plan: dict[str, Any]) -> None:
