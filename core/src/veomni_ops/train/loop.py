@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from .baselines import BASELINES, apply_liger, check_baseline, compile_apply, liger_version
@@ -282,19 +283,8 @@ def run_child(path: str, seed: int | None, steps: int | None = None, baseline: s
     memory is its own."""
     with tempfile.NamedTemporaryFile("r", suffix=".json", delete=False) as fh:
         out_path = fh.name
-    cmd = [sys.executable, "-m", "veomni_ops.cli", "train", path, "--result-file", out_path]
-    if seed is not None:
-        cmd += ["--seed", str(seed)]
-    if steps is not None:
-        cmd += ["--steps", str(steps)]
-    if baseline is not None:
-        cmd += ["--as-baseline", baseline]
-    if lock is not None:
-        cmd += ["--lock", lock]
-    if defaults != "auto":
-        cmd += ["--defaults", defaults]
-    if resume is not None and baseline is None:
-        cmd += ["--resume"] + ([] if resume is True else [os.path.abspath(str(resume))])
+    cmd = child_command(path, out_path, seed=seed, steps=steps, baseline=baseline, lock=lock, defaults=defaults,
+                        resume=resume)
     try:
         try:
             sink: int | None = sys.stderr.fileno()
@@ -318,11 +308,43 @@ def run_child(path: str, seed: int | None, steps: int | None = None, baseline: s
         os.unlink(out_path)
 
 
-def _child_error(path: str) -> str | None:
-    """The error a failed child run wrote into its result file, if it could."""
+def child_command(path: str, result_file: str, *, seed: int | None = None, steps: int | None = None,
+                  baseline: str | None = None, lock: str | None = None, defaults: str = "auto",
+                  resume: str | bool | None = None, tune_trial: bool = False,
+                  python: Sequence[str] = (sys.executable,)) -> list[str]:
+    """The command line of a child ``veomni-ops train`` run writing its result to ``result_file``
+    (:func:`run_child`'s; ``tune_trial``: a trial of ``veomni-ops tune``, see ``--tune-trial``).
+    ``python``: the interpreter command."""
+    cmd = [*python, "-m", "veomni_ops.cli", "train", path, "--result-file", result_file]
+    if seed is not None:
+        cmd += ["--seed", str(seed)]
+    if steps is not None:
+        cmd += ["--steps", str(steps)]
+    if baseline is not None:
+        cmd += ["--as-baseline", baseline]
+    if lock is not None:
+        cmd += ["--lock", lock]
+    if defaults != "auto":
+        cmd += ["--defaults", defaults]
+    if resume is not None and baseline is None:
+        cmd += ["--resume"] + ([] if resume is True else [os.path.abspath(str(resume))])
+    if tune_trial:
+        cmd.append("--tune-trial")
+    return cmd
+
+
+def read_result(path: str) -> dict[str, Any] | None:
+    """A child run's result file: its result, or the ``{"error": ..., "kind": ...}`` of a failure;
+    None where it wrote none (it crashed) or half of one."""
     try:
         with open(path) as fh:
             data = json.load(fh)
     except (OSError, ValueError):
         return None
-    return data.get("error") if isinstance(data, dict) and isinstance(data.get("error"), str) else None
+    return data if isinstance(data, dict) else None
+
+
+def _child_error(path: str) -> str | None:
+    """The error a failed child run wrote into its result file, if it could."""
+    data = read_result(path)
+    return data.get("error") if data is not None and isinstance(data.get("error"), str) else None

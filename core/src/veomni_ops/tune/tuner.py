@@ -123,12 +123,14 @@ class ProcessTimer:
 
     def command(self, result: str, lock: str | None) -> list[str]:
         """The child's command line: the result written to ``result``, bound with the lock file ``lock``."""
-        cmd = [*self.python, "-m", "veomni_ops.cli", "train", os.path.abspath(self.setup.job["path"]),
-               "--result-file", result, "--steps", str(self.warmup + self.steps), "--tune-trial"]
-        return cmd + (["--lock", lock] if lock is not None else [])
+        from ..train.loop import child_command
+
+        return child_command(os.path.abspath(self.setup.job["path"]), result, steps=self.warmup + self.steps,
+                             lock=lock, tune_trial=True, python=self.python)
 
     def __call__(self, trial: Trial) -> Measurement:
         from ..reporting import ENV_TRACE
+        from ..train.loop import read_result
 
         with tempfile.TemporaryDirectory(prefix="veomni-ops-tune-") as tmp:
             result, log = os.path.join(tmp, "result.json"), os.path.join(tmp, "stderr.log")
@@ -140,7 +142,7 @@ class ProcessTimer:
             with open(log, "w") as err:
                 proc = subprocess.run(self.command(result, lock), stdin=subprocess.DEVNULL,
                                       stdout=subprocess.DEVNULL, stderr=err, env=env, check=False)
-            res = _read_json(result)
+            res = read_result(result)
             if proc.returncode != 0 or res is None or "error" in res:
                 return Measurement(error=_child_failure(proc.returncode, res, _tail(log, self.TAIL)))
         return _measurement(trial, self.setup.job, res, self.warmup)
@@ -153,16 +155,6 @@ def _measurement(trial: Trial, job: dict[str, Any], res: dict[str, Any], warmup:
     tokens = int(job["train"]["batch_size"]) * int(job["train"]["seq_len"])
     rates = res["step_tokens_per_s"][warmup:]
     return Measurement([tokens / r * 1e3 for r in rates], list(res["losses"]), res.get("peak_gib"))
-
-
-def _read_json(path: str) -> dict[str, Any] | None:
-    """A child's result file; None where it wrote none (it crashed) or half of one."""
-    try:
-        with open(path) as fh:
-            data = json.load(fh)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def _tail(path: str, n: int) -> list[str]:

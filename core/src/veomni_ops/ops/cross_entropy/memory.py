@@ -6,7 +6,7 @@ the input dtype) and returns bytes, the peak of one training call (forward and b
 the inputs and the gradients it hands back (``dH [N, H]`` and ``dW [V, H]`` in the input dtype).
 That is what ``veomni-ops bench`` measures as ``extra_gib``; the formulas are read off the
 kernels' allocations and checked against the H100 measurement
-``benchmarks/results/h100-2026-11-26-issue24/callA/bench-flce.json`` (core/tests/test_resolve.py).
+``benchmarks/results/h100-2026-11-26-issue24/callA/bench-flce.json`` (core/tests/test_memory_budget.py).
 
 Nothing here imports torch: spec modules import it. The core's chunk rule lives here for the
 same reason (:mod:`.kernel` uses it).
