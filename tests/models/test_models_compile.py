@@ -101,7 +101,7 @@ def _bound_copy(fn):
     return fn
 
 
-def _break_rotary(binding, model):
+def _break_rotary(model):
     """Make each bound attention forward split in two under dynamo (a graph break in the middle
     of it, as some kernels and transformers code paths cause on a GPU): the rotary function its
     globals name calls ``torch._dynamo.graph_break()``. Returns the attention forwards."""
@@ -128,7 +128,7 @@ def test_layers_compiled_one_by_one_run_through_a_graph_break_in_a_bound_forward
 
     ref, model = pair("qwen3", num_hidden_layers=3)
     veomni_ops.apply(model, {"attn_implementation": "sdpa"}, registry=registry, device="cpu", compile=True)
-    attns = _break_rotary(model.veomni_ops_binding, model)
+    attns = _break_rotary(model)
     assert len(attns) == 3
     # the layers of one binding share one copy of the attention forward (one compiled code) ...
     assert len({a.forward.__func__ for a in attns}) == 1
@@ -158,7 +158,7 @@ def test_two_bound_models_compiled_in_one_process_keep_their_own_compiled_code(r
             for p in model.parameters():
                 p.add_(seed * 1e-2)
         veomni_ops.apply(model, {"attn_implementation": "sdpa"}, registry=registry, device="cpu", compile=True)
-        _break_rotary(model.veomni_ops_binding, model)
+        _break_rotary(model)
         want = model(**batch()).loss
         compile_layers(model, backend="aot_eager")
         out.append((model, want))
