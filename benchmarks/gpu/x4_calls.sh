@@ -13,9 +13,10 @@
 #   bash benchmarks/gpu/x4_calls.sh D     # after the compile + layout fix: each layout eager and compiled
 #                                         # (GPUs 0,1 small preset; GPUs 2,3 30B-shaped), then on four GPUs;
 #                                         # then issue 24's tune and the locked step alone on the machine
-#   bash benchmarks/gpu/x4_calls.sh F     # next (not run yet): compile under a layout with the eager layout's
-#                                         # Triton kernels named (*-compile-triton.yaml) beside compile mode's
-#                                         # auto and eager, and the hand-written FSDP2 script with our kernels
+#   bash benchmarks/gpu/x4_calls.sh F     # session 9: compile under a layout with the eager layout's Triton
+#                                         # kernels named (*-compile-triton.yaml) beside compile mode's auto and
+#                                         # eager, the hand-written FSDP2 script with our kernels, and a profile of
+#                                         # each compiled layout beside its eager twin (GPUs 0,1 small; 2,3 30B-shaped)
 # Results: $OUT/call-X.tgz (one file: a call's returned files are capped in count).
 set -u
 CALL=$1; REAL_OUT=${OUT:-$PWD/gpu-results}; W=/tmp/res-$CALL; rm -rf "$W"; mkdir -p "$W"
@@ -55,11 +56,14 @@ case $CALL in
       bash benchmarks/gpu/issue24.sh tune:qwen3-moe-small-auto lockstep:qwen3-moe-small-auto ) > "$W/i24.log" 2>&1;;
   F)
     ( export CFG=$I23 NPROC=2 CUDA_VISIBLE_DEVICES=0,1 DEADLINE=$((now + 540))
-      bash $P . x2 cli:one cli:dp2 cli:dp2-compile cli:dp2-compile-triton script cli:one-compile-triton ) > "$W/i23-x2.log" 2>&1 &
+      bash $P . x2 cli:one cli:dp2 cli:dp2-compile cli:dp2-compile-triton script cli:one-compile-triton \
+        prof:dp2-compile prof:dp2 prof:dp2-compile-triton ) > "$W/i23-x2.log" 2>&1 &
     ( export CFG=$I23 NPROC=2 CUDA_VISIBLE_DEVICES=2,3 DEADLINE=$((now + 540))
-      bash $P . x2b cli:30b4-one cli:30b4-dp2 cli:30b4-dp2-compile cli:30b4-dp2-compile-triton cli:30b4-one-compile-triton ) > "$W/i23-30b-x2.log" 2>&1 &
+      bash $P . x2b cli:30b4-one cli:30b4-dp2 cli:30b4-dp2-compile cli:30b4-dp2-compile-triton cli:30b4-one-compile-triton \
+        prof:30b4-dp2-compile prof:30b4-dp2 ) > "$W/i23-30b-x2.log" 2>&1 &
     wait;;
   *) echo "unknown call $CALL (A, B, C, D or F)"; exit 2;;
 esac
 cat "$W"/*.log | grep -v "^\s*$" | tail -150
-tar czf "$REAL_OUT/call-$CALL.tgz" -C /tmp "res-$CALL"
+# the profiles' Chrome traces stay behind (a returned file is at most 16 MiB); their summaries come back
+tar czf "$REAL_OUT/call-$CALL.tgz" --exclude='*.trace.json.gz' -C /tmp "res-$CALL"
