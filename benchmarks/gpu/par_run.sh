@@ -9,6 +9,7 @@
 #   script[:NAME:FLAGS...]  benchmarks/gpu/fsdp2_script.py on NPROC GPUs (FLAGS joined by ':'), e.g. script:fused:--fused
 #   profscript        the script, profiled
 # A step is skipped once fewer than 75 s are left of DEADLINE (epoch seconds; default: now + 540).
+# MASTER_PORT (default 29500): torchrun's rendezvous port.
 # STEPS (default 14): training steps of every run (the median is over all but the first).
 # CODE_DIR is installed once per TAG (a second call with the same TAG reuses it).
 set -u
@@ -27,7 +28,8 @@ if [ ! -f "$SITE/.done" ]; then
   touch "$SITE/.done"
 fi
 export PYTHONPATH=$SITE PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-TR="python3 -m torch.distributed.run --nproc-per-node $NPROC"
+# MASTER_PORT: two par_run.sh at once on one host need two ports (torchrun's default 29500 collides)
+TR="python3 -m torch.distributed.run --nproc-per-node $NPROC --master-port ${MASTER_PORT:-29500}"
 for s in "$@"; do
   left=$(( DEADLINE - $(date +%s) ))
   if [ $left -lt 75 ]; then echo "[$TAG] skip $s ($left s left)"; continue; fi

@@ -58,7 +58,7 @@ case $CALL in
     ( export CFG=$I23 NPROC=2 CUDA_VISIBLE_DEVICES=0,1 DEADLINE=$((now + 540))
       bash $P . x2 cli:one cli:dp2 cli:dp2-compile cli:dp2-compile-triton script cli:one-compile-triton \
         prof:dp2-compile prof:dp2 prof:dp2-compile-triton ) > "$W/i23-x2.log" 2>&1 &
-    ( export CFG=$I23 NPROC=2 CUDA_VISIBLE_DEVICES=2,3 DEADLINE=$((now + 540))
+    ( export CFG=$I23 NPROC=2 CUDA_VISIBLE_DEVICES=2,3 DEADLINE=$((now + 540)) MASTER_PORT=29600
       bash $P . x2b cli:30b4-one cli:30b4-dp2 cli:30b4-dp2-compile cli:30b4-dp2-compile-triton cli:30b4-one-compile-triton \
         prof:30b4-dp2-compile prof:30b4-dp2 ) > "$W/i23-30b-x2.log" 2>&1 &
     wait;;

@@ -164,3 +164,44 @@ def test_two_bound_models_compiled_in_one_process_keep_their_own_compiled_code(r
         out.append((model, want))
     for model, want in out:
         torch.testing.assert_close(model(**batch()).loss, want, atol=1e-5, rtol=1e-5)
+
+
+def test_layers_compiled_one_by_one_capture_router_logits_without_a_graph_break(registry):
+    """Per-layer compile of an MoE model asked for its router logits (the aux loss): the router's
+    output-capturing hook reads transformers' ContextVar, which dynamo cannot trace (every MoE
+    layer broke in two on the GPUs, 2026-11-26). compile_layers hands the hooks transformers' own
+    compile-time variable instead: no graph break, one graph for all layers (no recompile per
+    layer as the list of logits grows), and the same loss, aux loss, logits and gradients as eager."""
+    from torch._dynamo.utils import counters
+    from veomni_ops.parallel.fsdp import compile_layers, graph_breaks
+
+    ref, model = pair("qwen3_moe", dtype=torch.bfloat16, num_hidden_layers=3)
+    veomni_ops.apply(model, {}, registry=registry, device="cpu", compile=True)  # grouped_mm experts: they trace
+    # training's call (as the layouts' shard_batch): no KV cache, whose per-layer state would recompile
+    b, kw = batch(), {"output_router_logits": True, "use_cache": False}
+    tol = dict(atol=2e-2, rtol=2e-2)  # bfloat16, the bound model eager vs its layers under aot_eager
+    want = model(**b, **kw)
+    want.loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    torch._dynamo.reset()
+    counters.clear()
+    compile_layers(model, backend="aot_eager", fullgraph=True)  # a graph break would raise
+    for _ in range(2):  # the second call reuses the graph: no recompile
+        got = model(**b, **kw)
+        assert graph_breaks() == {}, graph_breaks()
+        assert len(got.router_logits) == 3
+        for g, w in zip(got.router_logits, want.router_logits, strict=True):
+            torch.testing.assert_close(g, w, **tol)
+        torch.testing.assert_close(got.aux_loss, want.aux_loss, **tol)
+        torch.testing.assert_close(got.loss, want.loss, **tol)
+        got.loss.backward()
+        for n, p in model.named_parameters():
+            torch.testing.assert_close(p.grad, grads[n], **tol, msg=lambda m, n=n: f"grad of {n}: {m}")
+        model.zero_grad(set_to_none=True)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    # outside a compiled layer, transformers' variable is a context variable again
+    from transformers.utils.output_capturing import _active_collector
+
+    assert not _active_collector.compiling and _active_collector.global_var is None
+    torch.testing.assert_close(model(**b).loss, ref(**b).loss, **tol)

@@ -153,16 +153,71 @@ def compile_layers(model: nn.Module, backend: str = "inductor", fullgraph: bool 
     graph (parameters are graph inputs), so a deep model compiles once. The embedding, the
     final norm and the head stay eager. ``fullgraph=False``: a place dynamo cannot trace
     (transformers' router-logit capture in MoE layers) runs eagerly between graphs instead of
-    failing. Returns what was compiled (for the job's report)."""
+    failing; transformers' capture of router logits and attentions is no such place
+    (:func:`_captured_outputs_as_global`). Returns what was compiled (for the job's report)."""
     layers = decoder_layers(model)
     if not layers:
         raise ValueError(f"{type(model).__name__} has no decoder layers to compile (none of its modules is one of "
                          "its _no_split_modules or a *DecoderLayer)")
+    collector = _output_collector()
     for layer in layers:
-        cast(Any, layer).forward = torch.compile(layer.forward, backend=backend, fullgraph=fullgraph)
+        compiled = torch.compile(layer.forward, backend=backend, fullgraph=fullgraph)
+        cast(Any, layer).forward = _captured_outputs_as_global(compiled, collector)
     kinds = sorted({type(m).__name__.removeprefix("FSDP") for m in layers})
     return {"what": "decoder layers", "layers": len(layers), "classes": kinds, "backend": backend,
             "fullgraph": fullgraph, "eager": "embedding, final norm, head and loss; FSDP2's hooks"}
+
+
+def _output_collector() -> Any:
+    """transformers' output-capture variable (``output_capturing._active_collector``: the dict of
+    lists its forward hooks append router logits, attentions and hidden states to while a
+    ``capture_outputs`` forward runs), or None where this transformers has none of that form."""
+    try:
+        from transformers.utils import output_capturing
+    except ImportError:
+        return None
+    c = getattr(output_capturing, "_active_collector", None)
+    return c if all(hasattr(c, a) for a in ("compiling", "global_var", "context_var")) else None
+
+
+def _captured_outputs_as_global(compiled: Any, collector: Any) -> Any:
+    """``compiled`` (a layer's compiled forward), run so that transformers' output-capturing
+    hooks inside the layer trace instead of breaking the graph.
+
+    Those hooks (on the MoE router, the attention) read a ``ContextVar``, which dynamo cannot
+    trace: under a per-layer compile each MoE layer broke into two graphs with eager code
+    between (``Unsupported method call ... ContextVar``). transformers' own
+    ``CompileableContextVar`` reads a plain attribute instead while its ``compiling`` flag is set
+    (set when the whole model is compiled). Around each compiled layer call this sets that flag
+    and hands the hooks a per-call dict: the outer collection's keys, with a fresh empty list
+    for each list it collects (so every call traces the same: dynamo guards on the lists'
+    lengths, and one list growing by a layer per call would recompile for every layer), whose
+    entries are appended to the outer lists afterwards, in order. Hidden states keep the outer
+    list: their hook sits on the layer module, outside the compiled ``forward``, and numbers the
+    states by the list's length. The flag is cleared after the call, also on error; a call that
+    is itself being traced (a compiled caller) passes straight through. Not thread-safe while a
+    layer runs (transformers' flag is a plain attribute; so is its whole-model compile)."""
+    if collector is None:
+        return compiled
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if collector.compiling or torch.compiler.is_compiling():
+            return compiled(*args, **kwargs)
+        outer = collector.context_var.get()
+        inner = None if outer is None else {
+            k: [] if isinstance(v, list) and k != "hidden_states" else v for k, v in outer.items()}
+        collector.global_var, collector.compiling = inner, True
+        try:
+            out = compiled(*args, **kwargs)
+        finally:
+            collector.global_var, collector.compiling = None, False
+        if inner is not None:
+            for k, v in inner.items():
+                if v is not outer[k]:
+                    outer[k].extend(v)
+        return out
+
+    return forward
 
 
 def graph_breaks() -> dict[str, int]:
