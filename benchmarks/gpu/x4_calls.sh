@@ -17,6 +17,8 @@
 #                                         # kernels named (*-compile-triton.yaml) beside compile mode's auto and
 #                                         # eager, the hand-written FSDP2 script with our kernels, and a profile of
 #                                         # each compiled layout beside its eager twin (GPUs 0,1 small; 2,3 30B-shaped)
+#   bash benchmarks/gpu/x4_calls.sh G     # the same after the router-logit graph-break fix, with the code
+#                                         # before it (.carry-before, carried) in the same call
 # Results: $OUT/call-X.tgz (one file: a call's returned files are capped in count).
 set -u
 CALL=$1; REAL_OUT=${OUT:-$PWD/gpu-results}; W=/tmp/res-$CALL; rm -rf "$W"; mkdir -p "$W"
@@ -62,7 +64,20 @@ case $CALL in
       bash $P . x2b cli:30b4-one cli:30b4-dp2 cli:30b4-dp2-compile cli:30b4-dp2-compile-triton cli:30b4-one-compile-triton \
         prof:30b4-dp2-compile prof:30b4-dp2 ) > "$W/i23-30b-x2.log" 2>&1 &
     wait;;
-  *) echo "unknown call $CALL (A, B, C, D or F)"; exit 2;;
+  G)  # the router-logit graph-break fix (3a59366), before (.carry-before: c125f4c's core and veomni-triton,
+      # carried) and after, in one call; each compiled layout beside eager, Triton-named and one GPU
+    ( export CFG=$I23 NPROC=2 CUDA_VISIBLE_DEVICES=0,1 DEADLINE=$((now + 550))
+      bash $P . x2 cli:dp2 cli:dp2-compile
+      bash $P .carry-before x2-before cli:dp2-compile
+      bash $P . x2 cli:dp2-compile-triton cli:one cli:one-compile cli:one-compile-triton script cli:dp2 \
+        cli:dp2-compile prof:dp2-compile ) > "$W/i23-x2.log" 2>&1 &
+    ( export CFG=$I23 NPROC=2 CUDA_VISIBLE_DEVICES=2,3 DEADLINE=$((now + 550)) MASTER_PORT=29600
+      bash $P . x2b cli:30b4-dp2 cli:30b4-dp2-compile
+      bash $P .carry-before x2b-before cli:30b4-dp2-compile
+      bash $P . x2b cli:30b4-dp2-compile-triton cli:30b4-one cli:30b4-one-compile cli:30b4-one-compile-triton \
+        cli:30b4-dp2 prof:30b4-dp2-compile prof:30b4-dp2 ) > "$W/i23-30b-x2.log" 2>&1 &
+    wait;;
+  *) echo "unknown call $CALL (A, B, C, D, F or G)"; exit 2;;
 esac
 cat "$W"/*.log | grep -v "^\s*$" | tail -150
 # the profiles' Chrome traces stay behind (a returned file is at most 16 MiB); their summaries come back
