@@ -66,16 +66,17 @@ case $CALL in
     wait;;
   G)  # the router-logit graph-break fix (3a59366), before (.carry-before: c125f4c's core and veomni-triton,
       # carried) and after, in one call; each compiled layout beside eager, Triton-named and one GPU
+      # (a repeated run has a second `--steps 14`, the same value, for a file name of its own)
     ( export CFG=$I23 NPROC=2 CUDA_VISIBLE_DEVICES=0,1 DEADLINE=$((now + 550))
       bash $P . x2 cli:dp2 cli:dp2-compile
       bash $P .carry-before x2-before cli:dp2-compile
-      bash $P . x2 cli:dp2-compile-triton cli:one cli:one-compile cli:one-compile-triton script cli:dp2 \
-        cli:dp2-compile prof:dp2-compile ) > "$W/i23-x2.log" 2>&1 &
+      bash $P . x2 cli:dp2-compile-triton cli:one cli:one-compile cli:one-compile-triton script \
+        cli:dp2:--steps:14 cli:dp2-compile:--steps:14 prof:dp2-compile ) > "$W/i23-x2.log" 2>&1 &
     ( export CFG=$I23 NPROC=2 CUDA_VISIBLE_DEVICES=2,3 DEADLINE=$((now + 550)) MASTER_PORT=29600
       bash $P . x2b cli:30b4-dp2 cli:30b4-dp2-compile
       bash $P .carry-before x2b-before cli:30b4-dp2-compile
       bash $P . x2b cli:30b4-dp2-compile-triton cli:30b4-one cli:30b4-one-compile cli:30b4-one-compile-triton \
-        cli:30b4-dp2 prof:30b4-dp2-compile prof:30b4-dp2 ) > "$W/i23-30b-x2.log" 2>&1 &
+        cli:30b4-dp2:--steps:14 prof:30b4-dp2-compile prof:30b4-dp2 ) > "$W/i23-30b-x2.log" 2>&1 &
     wait;;
   *) echo "unknown call $CALL (A, B, C, D, F or G)"; exit 2;;
 esac
