@@ -320,3 +320,19 @@ def test_plot_without_matplotlib_names_the_fix(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
     assert main(["train", write_job(tmp_path), "--plot", str(tmp_path / "x.png")]) == 1
     assert "pip install matplotlib" in capsys.readouterr().err
+
+
+def test_adamw_is_fused_on_cuda_for_every_run(monkeypatch):
+    """Every run of a comparison (the job, each baseline, the FSDP2 peer) takes train.model.adamw:
+    fused on CUDA (transformers' Trainer default), PyTorch's default elsewhere."""
+    import torch
+    from veomni_ops.train import model as M
+
+    seen = []
+    monkeypatch.setattr(torch.optim, "AdamW", lambda params, **kw: seen.append(kw) or kw)
+    for device in ("cuda", "cuda:1", "cpu"):
+        M.adamw([], 1e-3, device)
+    assert seen == [{"lr": 1e-3, "fused": True}, {"lr": 1e-3, "fused": True}, {"lr": 1e-3, "fused": None}]
+    from veomni_ops.train import loop, peers
+
+    assert loop.adamw is M.adamw and peers.adamw is M.adamw

@@ -16,7 +16,7 @@ from typing import Any
 from .baselines import BASELINES, apply_liger, check_baseline, compile_apply, liger_version
 from .errors import RunFailed
 from .job import plan_device
-from .model import build_config, build_model, peak_bytes, reference_model, resolve_device, synthetic_batches
+from .model import adamw, build_config, build_model, peak_bytes, reference_model, resolve_device, synthetic_batches
 
 
 def rate_stats(rates: list[float], warmup: int) -> dict[str, Any]:
@@ -67,21 +67,11 @@ def _prepare(job: dict[str, Any], baseline: str | None, device: str, dtype, out,
         facts["parallel"] = rt.to_dict()
         print(f"torch.compile (backend {backend}): {c['layers']} {c['what']} ({', '.join(c['classes'])}), each "
               f"compiled in place after FSDP2; eager: {c['eager']}. The first steps include compilation", file=out)
-        if baseline is None and str(device).startswith("cuda"):
-            print(f"note: {LAYOUT_COMPILE_MEASURED}", file=out)
     elif compiled:
         model = torch.compile(model, backend=backend)
         print(f"torch.compile (backend {backend}): the whole model; the first steps include compilation", file=out)
     facts["compiled"] = compiled
     return model, facts
-
-
-#: What train.compile under a layout measured on GPUs (said with every such run on CUDA).
-LAYOUT_COMPILE_MEASURED = (
-    "train.compile under parallel: measured slower than the same layout in eager mode on 2 x H100 "
-    "(2026-11-26, benchmarks/results/h100x4-2026-11-26-parallel): Qwen3-MoE small dp_shard 2 0.60x, "
-    "the Qwen3-30B-A3B-shaped 4-layer model 0.73x (compile mode's kernels and per-layer graphs lose to "
-    "the eager layout's Triton kernels); today a layout trains faster without train.compile")
 
 
 def _bind(job: dict[str, Any], device: str, dtype, out, rt, compiled: bool) -> tuple[Any, dict[str, Any]]:
@@ -213,7 +203,7 @@ def _train(job: dict[str, Any], out, baseline: str | None = None, rt=None) -> di
     model, facts = _prepare(job, baseline, device, dtype, out, rt)
     model.train()
     lr = float(t["lr"])
-    opt = torch.optim.AdamW(model.parameters(), lr=lr) if rt is None else rt.adamw(model, lr)
+    opt = adamw(model.parameters(), lr, device) if rt is None else rt.adamw(model, lr)
     steps, b, s = int(t["steps"]), int(t["batch_size"]), int(t["seq_len"])
     vocab = model.config.vocab_size
     # Checkpoints (train.checkpoint_dir / resume; never for a baseline, a measurement of another stack):

@@ -24,7 +24,7 @@ from typing import Any
 
 from .baselines import BASELINES
 from .loop import _train_parallel, check_layout, rank, train_on_rank
-from .model import resolve_device
+from .model import adamw, resolve_device
 
 
 class UserFSDP2:
@@ -63,9 +63,7 @@ class UserFSDP2:
         return model
 
     def adamw(self, model, lr: float):
-        import torch
-
-        return torch.optim.AdamW(model.parameters(), lr=lr)
+        return adamw(model.parameters(), lr, self.device)
 
     def shard_batch(self, ids) -> dict[str, Any]:
         n = ids.shape[0] // self.world_size

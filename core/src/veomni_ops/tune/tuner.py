@@ -304,9 +304,10 @@ class Tuner:
                                 "re-run with --op to tune fewer ops, and report it")
             tuned_ms = tuned.median_ms
             if tuned_ms > self.static_ms * (1 - self.min_gain):
-                why = (f"the tuned plan ({', '.join(c.full_name for c in changed)}) measured {tuned_ms:.2f} ms/step "
-                       f"against the static plan's {self.static_ms:.2f} (the faster of its two timings): not "
-                       f"{self.min_gain:.0%} faster, so every op keeps its static choice")
+                why = (f"the tuned plan measured {tuned_ms:.2f} ms/step against the static plan's "
+                       f"{self.static_ms:.2f} (the faster of its two timings; the tuned plan: "
+                       f"{', '.join(c.full_name for c in changed)}): not {self.min_gain:.0%} faster, so every op "
+                       "keeps its static choice")
                 warnings.warn(TuneWarning(why), stacklevel=2)
                 choices = [self._static_choice(r, c, why) for r, c in zip(timed, choices)]
         else:
@@ -325,7 +326,8 @@ class Tuner:
             return c
         s = r.static if r.static is not None else r.candidates[0]
         return LockChoice(r.op, r.variants, s.variant, s.kernel, s.distribution,
-                          f"{why}; alone, {c.full_name} had measured {c.step_ms:.2f} ms", static=s.full_name,
+                          f"the static choice kept: {why}; alone, {c.full_name} had measured {c.step_ms:.2f} ms",
+                          static=s.full_name,
                           step_ms=self.static_ms, static_step_ms=self.static_ms)
 
     # -- choosing -------------------------------------------------------------------------
