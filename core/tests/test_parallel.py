@@ -557,6 +557,9 @@ INIT_COMPILE = [
     # compile mode takes grouped_mm for the experts (bfloat16 only on the CPU; float32 is refused below)
     _scenario("compile_ep_moe_bf16", "qwen3_moe", {"dp_shard": 2, "ep": 2}, dtype="bfloat16", opt="adamw",
               compile=CPU_COMPILE_BACKEND),
+    # sequence parallel MoE compiled: the router logits of each rank's half feed the global aux loss
+    _scenario("compile_sp_moe_bf16", "qwen3_moe", {"sp": 2}, dtype="bfloat16", opt="adamw",
+              compile=CPU_COMPILE_BACKEND, seq=15),
 ]
 INIT_COMPILE_BY_NAME = {sc["name"]: sc for sc in INIT_COMPILE}
 
@@ -593,7 +596,7 @@ def test_meta_init_trains_as_the_normal_build(world2_init_compile):
 
 
 @pytest.mark.parallel
-@pytest.mark.parametrize("name", ["compile_dense", "compile_sp_dense", "compile_ep_moe_bf16"])
+@pytest.mark.parametrize("name", ["compile_dense", "compile_sp_dense", "compile_ep_moe_bf16", "compile_sp_moe_bf16"])
 def test_compile_under_a_layout_matches_one_process(world2_init_compile, name):
     sc = INIT_COMPILE_BY_NAME[name]
     got = world2_init_compile[name]
