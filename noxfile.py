@@ -34,7 +34,7 @@ MIN_TRANSFORMERS, BELOW_TRANSFORMERS = _transformers_range()
 TEST_DEPS = ["pytest>=8", f"transformers>={MIN_TRANSFORMERS},<{BELOW_TRANSFORMERS}"]
 
 nox.options.sessions = ["lint", "core", "core_optional", "plugin", "template", "packaging", "integration",
-                        "binding", "clients", "veomni", "demo"]
+                        "binding", "clients", "veomni", "parallel_gpu_torch", "demo"]
 nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = False
 
@@ -85,6 +85,22 @@ def core_optional(session: nox.Session) -> None:
     session.install(*CONSTRAINTS, *sorted({dep for dep in CORE_OPTIONAL.values() if dep}))
     session.run("pytest", *CORE_OPTIONAL, "-q", "-rs", *session.posargs,
                 env={"VEOMNI_OPS_TEST_INDUCTOR": "1", "VEOMNI_OPS_TEST_NO_SKIP": "1"})
+
+
+#: The GPU image's torch (the device machines' torch 2.11; issue 23's runs): its dynamo traced the
+#: Ulysses exchange's autograd Function so that no gradient crossed it under train.compile, where
+#: torch 2.13 (every other session's) does not. Its PyPI build is a CUDA one (some GB with its
+#: NVIDIA libraries); it runs these tests on the CPU.
+GPU_IMAGE_TORCH = "torch==2.11.0"
+
+
+@nox.session
+def parallel_gpu_torch(session: nox.Session) -> None:
+    """The layouts' tests under train.compile (gloo, aot_eager) against one process, on the GPU
+    image's torch: the versions of torch differ in how dynamo traces our collectives."""
+    session.install(GPU_IMAGE_TORCH)
+    session.install(*CONSTRAINTS, "-e", "core", *TEST_DEPS)
+    session.run("pytest", "core/tests/test_parallel.py", "-q", "-k", "compile", *session.posargs)
 
 
 @nox.session

@@ -336,22 +336,3 @@ def test_adamw_is_fused_on_cuda_for_every_run(monkeypatch):
     from veomni_ops.train import loop, peers
 
     assert loop.adamw is M.adamw and peers.adamw is M.adamw
-
-
-def test_compiled_sequence_parallelism_is_refused_on_cuda_with_inductor():
-    """train.compile + sp > 1 trained away from one process on the GPUs (inductor): refused there,
-    naming the measurement and the fix; CPU/aot_eager (what CI checks against one process), other
-    layouts and eager sp run."""
-    from veomni_ops.parallel import ParallelLayout
-    from veomni_ops.train import loop
-
-    sp2, dp2 = ParallelLayout(sp=2), ParallelLayout(dp_shard=2)
-    job = {"train": {"compile": True}}
-    msg = loop.compiled_sp_problem(sp2, job, "cuda")
-    assert msg and "train.compile with parallel.sp 2 on CUDA (backend inductor) is refused" in msg
-    assert "train.compile: false" in msg and loop.COMPILED_SP_MEASURED in msg
-    assert loop.compiled_sp_problem(sp2, job, "cuda:1")
-    assert loop.compiled_sp_problem(sp2, job, "cpu") is None
-    assert loop.compiled_sp_problem(sp2, {"train": {"compile": True, "compile_backend": "aot_eager"}}, "cuda") is None
-    assert loop.compiled_sp_problem(sp2, {"train": {"compile": False}}, "cuda") is None
-    assert loop.compiled_sp_problem(dp2, job, "cuda") is None

@@ -54,9 +54,31 @@ class _AllToAll(torch.autograd.Function):
 def all_to_all(group: dist.ProcessGroup | None, *tensors: torch.Tensor, in_splits: Sequence[int] | None = None,
                out_splits: Sequence[int] | None = None) -> tuple[torch.Tensor, ...]:
     """Send rows ``[sum(in_splits[:j]), ...)`` of every tensor to rank ``j`` of ``group``; receive
-    ``out_splits[j]`` rows from rank ``j``. ``None`` splits: equal chunks of dim 0. Differentiable."""
+    ``out_splits[j]`` rows from rank ``j``. ``None`` splits: equal chunks of dim 0. Differentiable.
+
+    While dynamo traces (a compiled decoder layer: Ulysses' exchanges), each tensor goes through
+    PyTorch's functional, differentiable ``all_to_all_single_autograd`` instead of
+    :class:`_AllToAll`: torch 2.11's dynamo inlines that Function's forward, where the collective
+    fills a fresh buffer in place, and differentiates the traced body, in which the buffer does
+    not depend on the input: the gradient through the exchange was zero (q, k, v projections and
+    everything before them got none, and a compiled ``sp: 2`` job on 2 x H100 trained away from one
+    process). torch 2.13 traces the Function's own backward; CI runs the layouts' compile tests
+    against one process on both (``nox -s parallel_gpu_torch``: torch 2.11). The functional op
+    returns its result and carries its adjoint."""
+    if torch.compiler.is_compiling():
+        return _traced_all_to_all(group, tensors, in_splits, out_splits)
     return _AllToAll.apply(group, None if in_splits is None else tuple(in_splits),
                            None if out_splits is None else tuple(out_splits), *tensors)
+
+
+def _traced_all_to_all(group, tensors: Sequence[torch.Tensor], in_splits: Sequence[int] | None,
+                       out_splits: Sequence[int] | None) -> tuple[torch.Tensor, ...]:
+    from torch.distributed._functional_collectives import all_to_all_single_autograd
+
+    group = group if group is not None else dist.group.WORLD
+    return tuple(all_to_all_single_autograd(t.contiguous(), None if out_splits is None else list(out_splits),
+                                            None if in_splits is None else list(in_splits), group)
+                 for t in tensors)
 
 
 def all_to_all_nograd(group: dist.ProcessGroup | None, x: torch.Tensor, in_splits: Sequence[int] | None = None,

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .baselines import BASELINES, apply_liger, check_baseline, compile_apply, liger_version
-from .errors import RunFailed, TrainConfigError
+from .errors import RunFailed
 from .job import plan_device
 from .model import adamw, build_config, build_model, peak_bytes, reference_model, resolve_device, synthetic_batches
 
@@ -172,33 +172,7 @@ def check_layout(job: dict[str, Any]):
     layout.check_world(world_from_env())
     layout.check_model(build_config(job))
     layout.check_batch(int(job["train"]["batch_size"]))
-    problem = compiled_sp_problem(layout, job, resolve_device(job["train"]["device"]))
-    if problem:
-        raise TrainConfigError(problem)
     return layout
-
-
-#: Where the compiled Ulysses layout was seen training away from one process (GPU, inductor).
-COMPILED_SP_MEASURED = "benchmarks/results/x4-2026-11-26-compile-layout"
-
-
-def compiled_sp_problem(layout: Any, job: dict[str, Any], device: str) -> str | None:
-    """Why this job's ``train.compile`` cannot run with its sequence parallelism here, or None.
-
-    On 2 x H100 (2026-11-26, call H) ``train.compile`` under ``sp: 2`` (inductor) trained away from
-    the one-process losses: Qwen3-MoE small, the same first loss, then 12.131 at step 14 where the
-    eager ``sp: 2`` run reached 12.020 and one GPU 12.029 (``dp_shard: 2`` compiled matched its eager
-    run to 3e-4 in the same call). The CPU tests (``aot_eager``, gloo) match one process, so the
-    fault lies in inductor's code for the layout on CUDA, not yet found. Until it is, the
-    combination is refused rather than left to train a different model."""
-    t = job["train"]
-    backend = t.get("compile_backend", "inductor")
-    if not t.get("compile") or layout.sp <= 1 or not str(device).startswith("cuda") or backend != "inductor":
-        return None
-    return (f"train.compile with parallel.sp {layout.sp} on CUDA (backend inductor) is refused: measured on 2 x H100 "
-            f"({COMPILED_SP_MEASURED}), the compiled sequence-parallel step trained away from the one-process "
-            "losses (Qwen3-MoE small, step 14: 12.131 against 12.020 eager sp 2 and 12.029 one GPU). Run sequence "
-            "parallelism eagerly (train.compile: false), or compile a dp_shard/ep layout")
 
 
 def _train_parallel(job: dict[str, Any], out) -> dict[str, Any]:
