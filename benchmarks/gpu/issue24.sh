@@ -44,8 +44,8 @@ for s in "$@"; do
   case $s in
     flce|flce-dense) sfx=${s#flce}
       timeout $((left - 5)) $V bench --preset flce-8k$sfx --preset flce-16k$sfx --preset flce-32k$sfx --op cross_entropy \
-        --rep-ms 100 --warmup-ms 25 --quiet --json "$RES/bench-$s.json" > "$RES/bench-$s.md" 2> "$RES/bench-$s.log"
-      tail -40 "$RES/bench-$s.md";;
+        --rep-ms 100 --warmup-ms 25 --quiet --json "$RES/bench-$s.json" > "$RES/bench-$s.out" 2> "$RES/bench-$s.log"
+      tail -40 "$RES/bench-$s.out";;  # stdout; bench-$s.md is --json's own Markdown twin
     step:*) timeout $((left - 5)) $V train "examples/$n.yaml" --steps "$STEPS" --baseline transformers+compile --json \
         > "$RES/step-$n.json" 2> "$RES/step-$n.log"; tail -12 "$RES/step-$n.log";;
     tune:*) timeout $((left - 5)) $V tune "examples/$n.yaml" --out "$RES/lock-$n.json" --json \
@@ -55,7 +55,7 @@ for s in "$@"; do
     prof:*) timeout $((left - 5)) python3 benchmarks/gpu/par_profile.py "examples/$n.yaml" --steps 14 --out "$RES" \
         > "$RES/prof-$n.log" 2>&1; grep "tok/s |" "$RES/prof-$n.log" || tail -5 "$RES/prof-$n.log";;
     moe) timeout $((left - 5)) $V bench --preset moe-30b-a3b --op moe_experts --quiet --json "$RES/bench-moe.json" \
-        > "$RES/bench-moe.md" 2> "$RES/bench-moe.log"; grep -E "fwd\+bwd" "$RES/bench-moe.md" | head;;
+        > "$RES/bench-moe.out" 2> "$RES/bench-moe.log"; grep -E "fwd\+bwd" "$RES/bench-moe.out" | head;;
     *) echo "unknown step $s";;
   esac
   echo "[i24]   ($s took $(( $(date +%s) - t0 )) s)"
