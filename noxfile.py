@@ -96,11 +96,12 @@ GPU_IMAGE_TORCH = "torch==2.11.0"
 
 @nox.session
 def parallel_gpu_torch(session: nox.Session) -> None:
-    """The layouts' tests under train.compile (gloo, aot_eager) against one process, on the GPU
-    image's torch: the versions of torch differ in how dynamo traces our collectives."""
+    """The layouts' tests (real gloo processes against one process: eager, under train.compile
+    with aot_eager, checkpoints and resuming) on the GPU image's torch: the versions of torch
+    differ in how dynamo traces our collectives."""
     session.install(GPU_IMAGE_TORCH)
     session.install(*CONSTRAINTS, "-e", "core", *TEST_DEPS)
-    session.run("pytest", "core/tests/test_parallel.py", "-q", "-k", "compile", *session.posargs)
+    session.run("pytest", "core/tests/test_parallel.py", "core/tests/test_checkpoint.py", "-q", *session.posargs)
 
 
 @nox.session
