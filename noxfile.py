@@ -39,8 +39,8 @@ nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = False
 
 
-def _base(session: nox.Session) -> None:
-    session.install(TORCH)
+def _base(session: nox.Session, torch: str = TORCH) -> None:
+    session.install(torch)
     session.install(*CONSTRAINTS, "-e", "core", *TEST_DEPS)
 
 
@@ -99,8 +99,7 @@ def parallel_gpu_torch(session: nox.Session) -> None:
     """The layouts' tests (real gloo processes against one process: eager, under train.compile
     with aot_eager, checkpoints and resuming) on the GPU image's torch: the versions of torch
     differ in how dynamo traces our collectives."""
-    session.install(GPU_IMAGE_TORCH)
-    session.install(*CONSTRAINTS, "-e", "core", *TEST_DEPS)
+    _base(session, torch=GPU_IMAGE_TORCH)
     session.run("pytest", "core/tests/test_parallel.py", "core/tests/test_checkpoint.py", "-q", *session.posargs)
 
 
