@@ -10,8 +10,11 @@ pulls one) would download a multi-GB CUDA build.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import nox
@@ -39,12 +42,32 @@ nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = False
 
 
+#: Set by ``./dev test`` when the disk cannot hold every session's venv at once (about 36 GB, a
+#: torch in each): then each session's venv is removed once the session has run.
+PRUNE_VENVS = os.environ.get("VEOMNI_PRUNE_VENVS") == "1"
+
+
+def _venv_removed_after(fn: Callable[..., None]) -> Callable[..., None]:
+    """``fn``, followed (pass or fail) by the removal of the session's venv when PRUNE_VENVS is set."""
+    @functools.wraps(fn)
+    def run(session: nox.Session, *args: object, **kwargs: object) -> None:
+        try:
+            fn(session, *args, **kwargs)
+        finally:
+            location = getattr(session.virtualenv, "location", None)
+            if PRUNE_VENVS and location and Path(location).is_dir():
+                shutil.rmtree(location, ignore_errors=True)
+                session.log(f"removed {location} (VEOMNI_PRUNE_VENVS=1: the disk cannot hold every venv)")
+    return run
+
+
 def _base(session: nox.Session, torch: str = TORCH) -> None:
     session.install(torch)
     session.install(*CONSTRAINTS, "-e", "core", *TEST_DEPS)
 
 
 @nox.session
+@_venv_removed_after
 def lint(session: nox.Session) -> None:
     """ruff (ruff.toml), then mypy (mypy.ini: the core's and every plugin's sources), then the
     import-graph check (tools/import_graph.py: no import cycle in core/src) and its own tests.
@@ -59,6 +82,7 @@ def lint(session: nox.Session) -> None:
 
 
 @nox.session
+@_venv_removed_after
 def core(session: nox.Session) -> None:
     """The core alone: no plugin installed."""
     _base(session)
@@ -77,6 +101,7 @@ CORE_OPTIONAL = {
 
 
 @nox.session
+@_venv_removed_after
 def core_optional(session: nox.Session) -> None:
     """The core's tests whose dependency or switch the core session lacks: the bench's Liger peer
     row (liger-kernel), the --plot tests (matplotlib), the inductor compile test
@@ -95,6 +120,7 @@ GPU_IMAGE_TORCH = "torch==2.11.0"
 
 
 @nox.session
+@_venv_removed_after
 def parallel_gpu_torch(session: nox.Session) -> None:
     """The layouts' tests (real gloo processes against one process: eager, under train.compile
     with aot_eager, checkpoints and resuming) on the GPU image's torch: the versions of torch
@@ -105,6 +131,7 @@ def parallel_gpu_torch(session: nox.Session) -> None:
 
 @nox.session
 @nox.parametrize("name", PLUGINS)
+@_venv_removed_after
 def plugin(session: nox.Session, name: str) -> None:
     """One plugin distribution with only the core beside it; Triton kernels run on the CPU interpreter."""
     _base(session)
@@ -113,6 +140,7 @@ def plugin(session: nox.Session, name: str) -> None:
 
 
 @nox.session
+@_venv_removed_after
 def template(session: nox.Session) -> None:
     """The third-party backend template: build its wheel, install it beside the core, test and check it."""
     _base(session)
@@ -122,6 +150,7 @@ def template(session: nox.Session) -> None:
 
 
 @nox.session
+@_venv_removed_after
 def packaging(session: nox.Session) -> None:
     """Build every wheel, install them into a fresh environment, discover them via entry points; and
     the install path of a checkout: ./dev wheels, then pip install --find-links dist "veomni-ops[liger,triton]"."""
@@ -132,6 +161,7 @@ def packaging(session: nox.Session) -> None:
 
 
 @nox.session
+@_venv_removed_after
 def integration(session: nox.Session) -> None:
     """Every distribution together: models, binding, cross-package behaviour (the client tests,
     which need peft and accelerate, run in the clients session)."""
@@ -172,6 +202,7 @@ def _transformers_at(session: nox.Session, transformers: str, extra: tuple[str, 
 
 @nox.session
 @nox.parametrize("transformers", ["oldest", "newest"])
+@_venv_removed_after
 def binding(session: nox.Session, transformers: str) -> None:
     """Binding into every model family on the oldest supported transformers and on the newest
     release on PyPI (unconstrained: a new release that breaks binding shows here first)."""
@@ -181,6 +212,7 @@ def binding(session: nox.Session, transformers: str) -> None:
 
 @nox.session
 @nox.parametrize("transformers", ["oldest", "newest"])
+@_venv_removed_after
 def clients(session: nox.Session, transformers: str) -> None:
     """What users train a bound model in (Trainer, PEFT, accelerate, generate, gradient
     checkpointing, torch.compile, their own FSDP2 loop), bound vs unbound, on the oldest supported
@@ -196,6 +228,7 @@ VEOMNI_TRANSFORMERS = "transformers==5.17.0"
 
 
 @nox.session
+@_venv_removed_after
 def veomni(session: nox.Session) -> None:
     """VeOmni's own model builder as a client, in an environment of its own (importing VeOmni
     patches transformers for the whole process). VeOmni is installed without its dependencies
@@ -222,6 +255,7 @@ def constraints(session: nox.Session) -> None:
 
 
 @nox.session
+@_venv_removed_after
 def demo(session: nox.Session) -> None:
     """The main job, as the README runs it."""
     _base(session)
