@@ -37,7 +37,7 @@ MIN_TRANSFORMERS, BELOW_TRANSFORMERS = _transformers_range()
 TEST_DEPS = ["pytest>=8", f"transformers>={MIN_TRANSFORMERS},<{BELOW_TRANSFORMERS}"]
 
 nox.options.sessions = ["lint", "core", "core_optional", "plugin", "template", "packaging", "integration",
-                        "binding", "clients", "veomni", "parallel_gpu_torch", "demo"]
+                        "binding", "clients", "veomni", "gpu_image_torch", "demo"]
 nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = False
 
@@ -61,8 +61,8 @@ def _venv_removed_after(fn: Callable[..., None]) -> Callable[..., None]:
     return run
 
 
-def _base(session: nox.Session, torch: str = TORCH) -> None:
-    session.install(torch)
+def _base(session: nox.Session) -> None:
+    session.install(TORCH)
     session.install(*CONSTRAINTS, "-e", "core", *TEST_DEPS)
 
 
@@ -112,21 +112,29 @@ def core_optional(session: nox.Session) -> None:
                 env={"VEOMNI_OPS_TEST_INDUCTOR": "1", "VEOMNI_OPS_TEST_NO_SKIP": "1"})
 
 
-#: The GPU image's torch (the device machines' torch 2.11; issue 23's runs): its dynamo traced the
-#: Ulysses exchange's autograd Function so that no gradient crossed it under train.compile, where
-#: torch 2.13 (every other session's) does not. Its PyPI build is a CUDA one (some GB with its
-#: NVIDIA libraries); it runs these tests on the CPU.
+#: The GPU image's versions (the device machines': torch 2.11, which pulls triton 3.6, and
+#: transformers 5.17, the oldest supported). Its dynamo traced the Ulysses exchange's autograd
+#: Function so that no gradient crossed it under train.compile, where torch 2.13 (every other
+#: session's) does not. Its PyPI build is a CUDA one (some GB with its NVIDIA libraries); it runs
+#: these tests on the CPU.
 GPU_IMAGE_TORCH = "torch==2.11.0"
 
 
 @nox.session
 @_venv_removed_after
-def parallel_gpu_torch(session: nox.Session) -> None:
-    """The layouts' tests (real gloo processes against one process: eager, under train.compile
-    with aot_eager, checkpoints and resuming) on the GPU image's torch: the versions of torch
-    differ in how dynamo traces our collectives."""
-    _base(session, torch=GPU_IMAGE_TORCH)
-    session.run("pytest", "core/tests/test_parallel.py", "core/tests/test_checkpoint.py", "-q", *session.posargs)
+def gpu_image_torch(session: nox.Session) -> None:
+    """What traces our code on the GPU image's torch: the layouts' tests (real gloo processes
+    against one process: eager, under train.compile with aot_eager, checkpoints and resuming),
+    compile mode, and compiled bound models. Not under constraints.txt: its triton pin is one that
+    torch 2.11 cannot take, and pip met it by swapping torch 2.11 for 2.13, silently."""
+    session.install(GPU_IMAGE_TORCH)
+    session.install("-e", "core", "pytest>=8", f"transformers=={MIN_TRANSFORMERS}")
+    want = GPU_IMAGE_TORCH.split("==")[1]
+    session.run("python", "-c", f"import sys, torch; v = torch.__version__.split('+')[0]; "
+                f"sys.exit(0 if v == '{want}' else f'torch {{v}} installed, not {want}')")
+    session.run("pytest", "core/tests/test_parallel.py", "core/tests/test_checkpoint.py",
+                "core/tests/test_compile_mode.py", "core/tests/test_kernels_compile.py",
+                "tests/models/test_models_compile.py", "-q", *session.posargs)
 
 
 @nox.session
