@@ -20,9 +20,28 @@ from pathlib import Path
 import nox
 
 ROOT = Path(__file__).parent
-TORCH = os.environ.get("VEOMNI_TORCH_SPEC", "torch==2.13.0")
+CI_TORCH = "torch==2.13.0"
+TORCH = os.environ.get("VEOMNI_TORCH_SPEC", CI_TORCH)
+
+
+def _constraints_file() -> Path:
+    """constraints.txt, the versions tested together (with CI's CPU torch). For another torch
+    (``VEOMNI_TORCH_SPEC``, a CUDA build) a copy without the triton pin, which such a build meets
+    with a pin of its own (pip met the clash by installing another torch, silently), and with
+    that torch pinned, so that no install in a session can replace it."""
+    tested = ROOT / "constraints.txt"
+    if TORCH == CI_TORCH:
+        return tested
+    kept = [line for line in tested.read_text().splitlines()
+            if not re.match(r"(?i)(triton|torch)\s*==", line)]
+    out = ROOT / ".nox" / "constraints-for-VEOMNI_TORCH_SPEC.txt"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text("\n".join([*kept, TORCH if TORCH.startswith("torch==") else ""]) + "\n")
+    return out
+
+
 #: Versions tested together; every session but binding(newest) installs under them.
-CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
+CONSTRAINTS = ("-c", str(_constraints_file()))
 PLUGINS = sorted(p.parent.name for p in (ROOT / "plugins").glob("*/pyproject.toml"))
 
 
