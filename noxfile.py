@@ -80,13 +80,18 @@ def _venv_removed_after(fn: Callable[..., None]) -> Callable[..., None]:
     return run
 
 
+def _session(fn: Callable[..., None]) -> Callable[..., None]:
+    """``@nox.session`` for a session CI runs: its venv is removed once it has run, under PRUNE_VENVS
+    (under ``@nox.parametrize`` too: functools.wraps carries the parameters over)."""
+    return nox.session(_venv_removed_after(fn))
+
+
 def _base(session: nox.Session) -> None:
     session.install(TORCH)
     session.install(*CONSTRAINTS, "-e", "core", *TEST_DEPS)
 
 
-@nox.session
-@_venv_removed_after
+@_session
 def lint(session: nox.Session) -> None:
     """ruff (ruff.toml), then mypy (mypy.ini: the core's and every plugin's sources), then the
     import-graph check (tools/import_graph.py: no import cycle in core/src) and its own tests.
@@ -100,8 +105,7 @@ def lint(session: nox.Session) -> None:
     session.run("pytest", "tools/test_import_graph.py", "-q")
 
 
-@nox.session
-@_venv_removed_after
+@_session
 def core(session: nox.Session) -> None:
     """The core alone: no plugin installed."""
     _base(session)
@@ -119,8 +123,7 @@ CORE_OPTIONAL = {
 }
 
 
-@nox.session
-@_venv_removed_after
+@_session
 def core_optional(session: nox.Session) -> None:
     """The core's tests whose dependency or switch the core session lacks: the bench's Liger peer
     row (liger-kernel), the --plot tests (matplotlib), the inductor compile test
@@ -139,8 +142,7 @@ def core_optional(session: nox.Session) -> None:
 GPU_IMAGE_TORCH = "torch==2.11.0"
 
 
-@nox.session
-@_venv_removed_after
+@_session
 def gpu_image_torch(session: nox.Session) -> None:
     """What traces our code on the GPU image's torch: the layouts' tests (real gloo processes
     against one process: eager, under train.compile with aot_eager, checkpoints and resuming),
@@ -148,17 +150,16 @@ def gpu_image_torch(session: nox.Session) -> None:
     torch 2.11 cannot take, and pip met it by swapping torch 2.11 for 2.13, silently."""
     session.install(GPU_IMAGE_TORCH)
     session.install("-e", "core", "pytest>=8", f"transformers=={MIN_TRANSFORMERS}")
-    want = GPU_IMAGE_TORCH.split("==")[1]
-    session.run("python", "-c", f"import sys, torch; v = torch.__version__.split('+')[0]; "
-                f"sys.exit(0 if v == '{want}' else f'torch {{v}} installed, not {want}')")
+    got = session.run("python", "-c", "import torch; print(torch.__version__)", silent=True).strip().splitlines()[-1]
+    if got.split("+")[0] != GPU_IMAGE_TORCH.split("==")[1]:
+        session.error(f"torch {got} installed, not the GPU image's {GPU_IMAGE_TORCH}")
     session.run("pytest", "core/tests/test_parallel.py", "core/tests/test_checkpoint.py",
                 "core/tests/test_compile_mode.py", "core/tests/test_kernels_compile.py",
                 "tests/models/test_models_compile.py", "-q", *session.posargs)
 
 
-@nox.session
+@_session
 @nox.parametrize("name", PLUGINS)
-@_venv_removed_after
 def plugin(session: nox.Session, name: str) -> None:
     """One plugin distribution with only the core beside it; Triton kernels run on the CPU interpreter."""
     _base(session)
@@ -166,8 +167,7 @@ def plugin(session: nox.Session, name: str) -> None:
     session.run("pytest", f"plugins/{name}/tests", "-q", *session.posargs, env={"TRITON_INTERPRET": "1"})
 
 
-@nox.session
-@_venv_removed_after
+@_session
 def template(session: nox.Session) -> None:
     """The third-party backend template: build its wheel, install it beside the core, test and check it."""
     _base(session)
@@ -176,8 +176,7 @@ def template(session: nox.Session) -> None:
                 env={"PYTHON": os.path.join(session.bin, "python")})
 
 
-@nox.session
-@_venv_removed_after
+@_session
 def packaging(session: nox.Session) -> None:
     """Build every wheel, install them into a fresh environment, discover them via entry points; and
     the install path of a checkout: ./dev wheels, then pip install --find-links dist "veomni-ops[liger,triton]"."""
@@ -187,8 +186,7 @@ def packaging(session: nox.Session) -> None:
     session.run("pytest", "tests/packaging", "-q", "-m", "packaging", *session.posargs)
 
 
-@nox.session
-@_venv_removed_after
+@_session
 def integration(session: nox.Session) -> None:
     """Every distribution together: models, binding, cross-package behaviour (the client tests,
     which need peft and accelerate, run in the clients session)."""
@@ -227,9 +225,8 @@ def _transformers_at(session: nox.Session, transformers: str, extra: tuple[str, 
     return {"TRITON_INTERPRET": "1", "VEOMNI_OPS_ALLOW_TRANSFORMERS": version}
 
 
-@nox.session
+@_session
 @nox.parametrize("transformers", ["oldest", "newest"])
-@_venv_removed_after
 def binding(session: nox.Session, transformers: str) -> None:
     """Binding into every model family on the oldest supported transformers and on the newest
     release on PyPI (unconstrained: a new release that breaks binding shows here first)."""
@@ -237,9 +234,8 @@ def binding(session: nox.Session, transformers: str) -> None:
     session.run("pytest", "tests/models", "-q", *session.posargs, env=env)
 
 
-@nox.session
+@_session
 @nox.parametrize("transformers", ["oldest", "newest"])
-@_venv_removed_after
 def clients(session: nox.Session, transformers: str) -> None:
     """What users train a bound model in (Trainer, PEFT, accelerate, generate, gradient
     checkpointing, torch.compile, their own FSDP2 loop), bound vs unbound, on the oldest supported
@@ -254,8 +250,7 @@ VEOMNI = "veomni==0.1.12"
 VEOMNI_TRANSFORMERS = "transformers==5.17.0"
 
 
-@nox.session
-@_venv_removed_after
+@_session
 def veomni(session: nox.Session) -> None:
     """VeOmni's own model builder as a client, in an environment of its own (importing VeOmni
     patches transformers for the whole process). VeOmni is installed without its dependencies
@@ -281,8 +276,7 @@ def constraints(session: nox.Session) -> None:
     session.log(f"wrote {len(keep)} pins to constraints.txt; run ./dev test before committing it")
 
 
-@nox.session
-@_venv_removed_after
+@_session
 def demo(session: nox.Session) -> None:
     """The main job, as the README runs it."""
     _base(session)

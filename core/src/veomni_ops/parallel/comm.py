@@ -63,7 +63,7 @@ def all_to_all(group: dist.ProcessGroup | None, *tensors: torch.Tensor, in_split
     not depend on the input: the gradient through the exchange was zero (q, k, v projections and
     everything before them got none, and a compiled ``sp: 2`` job on 2 x H100 trained away from one
     process). torch 2.13 traces the Function's own backward; CI runs the layouts' compile tests
-    against one process on both (``nox -s parallel_gpu_torch``: torch 2.11). The functional op
+    against one process on both (``nox -s gpu_image_torch``: torch 2.11). The functional op
     returns its result and carries its adjoint."""
     if torch.compiler.is_compiling():
         return _traced_all_to_all(group, tensors, in_splits, out_splits)
