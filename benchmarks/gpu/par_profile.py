@@ -236,7 +236,7 @@ def _run(job: dict[str, Any], rt, a, name: str) -> None:
     losses: list[float] = []
 
     def step(ids):
-        outp = model(input_ids=ids, labels=ids) if rt is None else model(**rt.shard_batch(ids))
+        outp = model(input_ids=ids, labels=ids, use_cache=False) if rt is None else model(**rt.shard_batch(ids))
         outp.loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

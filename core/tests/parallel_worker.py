@@ -13,13 +13,16 @@ module too, so both sides build the same model from the same seed and data.
 
 ``"ep_counted": true`` makes expert parallelism take its counted exchange (tokens only to the
 ranks owning their experts; a host sync a layer) instead of the even one the runtime's batches
-allow. A scenario may ask a rank to fail (``"fail": {"rank": 1, "step": 1}``) to test fault handling.
+allow. A scenario may ask a rank to fail (``"fail": {"rank": 1, "step": 1}``) to test fault handling,
+or to die without a word (``"kill": true`` beside them: SIGKILL, as the OOM killer or a scheduler does).
+``"checkpoint": true``: the decoder layers are checkpointed (``train.gradient_checkpointing``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import types
 from typing import Any
@@ -27,6 +30,9 @@ from typing import Any
 import torch
 from veomni_ops import apply
 from veomni_ops.train import build_model, synthetic_batches
+from veomni_ops.train.data import job_batches
+from veomni_ops.train.loop import step_inputs
+from veomni_ops.train.model import checkpoint_layers
 
 #: small enough for a 2-core CI machine, large enough for 2 heads per rank at sp=2
 TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -59,9 +65,17 @@ def _first_half_router(self, hidden_states):
     return logits, top.to(logits.dtype), idx
 
 
-def batches(model, sc):
-    return list(synthetic_batches(model.config.vocab_size, sc["batch"], sc["seq"], sc["steps"], sc.get("seed", 0),
-                                  "cpu"))
+def batches(model, sc) -> list[dict[str, Any]]:
+    """The global batches of the scenario's steps (``input_ids``, ``labels``, ``position_ids``):
+    ``"data": {...}``, the job's packed documents (a ``data:`` section,
+    :func:`veomni_ops.train.data.job_batches`); else the synthetic rows, positioned by ``"packed"``."""
+    vocab, seed = model.config.vocab_size, sc.get("seed", 0)
+    if sc.get("data"):
+        job = {"train": {"batch_size": sc["batch"], "seq_len": sc["seq"], "steps": sc["steps"], "seed": seed},
+               "data": sc["data"]}
+        return [{k: b[k] for k in ("input_ids", "labels", "position_ids")} for b in job_batches(job, vocab, "cpu")]
+    return [{"input_ids": ids, "labels": ids, "position_ids": positions(sc)}
+            for ids in synthetic_batches(vocab, sc["batch"], sc["seq"], sc["steps"], seed, "cpu")]
 
 
 def positions(sc) -> torch.Tensor | None:
@@ -84,11 +98,12 @@ def run_reference(sc: dict[str, Any]) -> dict[str, Any]:
     """The same job in this one process."""
     model = build(sc)
     binding = apply(model, sc["ops"])
+    if sc.get("checkpoint"):
+        checkpoint_layers(model)
     opt = optimizer(model, sc)
     losses, grads = [], []
-    for ids in batches(model, sc):
-        pos = positions(sc)
-        out = model(input_ids=ids, labels=ids, position_ids=pos, use_cache=False)
+    for batch in batches(model, sc):
+        out = model(**step_inputs(batch))  # the job's one-process call
         out.loss.backward()
         grads.append({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
         opt.step()
@@ -115,6 +130,8 @@ def run_parallel(sc: dict[str, Any], out_dir: str) -> None:
         rt.parallelize(model, binding, dtype)
         if meta:
             rt.materialize(model, build(sc) if rt.rank == 0 else None)
+        if sc.get("checkpoint"):  # as veomni-ops train does: after FSDP2, before the layers compile
+            checkpoint_layers(model)
         if sc.get("compile"):
             rt.compile(model, backend=sc["compile"])
         initial = rt.gather_full(model)
@@ -123,10 +140,12 @@ def run_parallel(sc: dict[str, Any], out_dir: str) -> None:
         opt = optimizer(model, sc)
         losses, grads = [], []
         fail = sc.get("fail") or {}
-        for i, ids in enumerate(batches(model, sc)):
+        for i, batch in enumerate(batches(model, sc)):
             if fail.get("rank") == rt.rank and fail.get("step") == i:
+                if fail.get("kill"):
+                    os.kill(os.getpid(), signal.SIGKILL)
                 raise ValueError(f"injected fault on rank {rt.rank} at step {i}")
-            out = model(**rt.shard_batch(ids, position_ids=positions(sc)))
+            out = model(**step_inputs(batch, rt))  # the job's call: this rank's part of the global batch
             out.loss.backward()
             grads.append(rt.gather_full(model, grads=True))
             opt.step()

@@ -14,6 +14,7 @@ from conftest import make_plugin
 from veomni_ops import HardwareRequirement, KernelSpec, Tolerance, build_registry
 from veomni_ops.backends import reference
 from veomni_ops.testing import check
+from veomni_ops.testing.cases import harness
 from veomni_ops.testing.runner import compare, run_checks, unit_scale
 
 
@@ -125,10 +126,28 @@ def test_wrong_forward_fails_with_nonzero_exit(capsys):
     rc = check.run(args(registry=reg, backend="offby", dtype=["float32"]))
     cap = capsys.readouterr()
     assert rc == 1
-    row = [ln for ln in cap.out.splitlines() if ln.startswith("swiglu") and " offby " in ln]
-    assert len(row) == 1 and row[0].rstrip().endswith("FAIL"), cap.out
-    assert "outside tolerance (atol=1e-05, rtol=0.0001 for float32) in: out" in cap.out
+    lines = cap.out.splitlines()
+    (at,) = [i for i, ln in enumerate(lines) if ln.startswith("swiglu/standard  offby ")]
+    assert lines[at + 1].split()[:2] == ["float32", "FAIL"], cap.out  # the kernel's line, then its dtype's
+    assert "outside tolerance (atol=1e-05, rtol=0.0001 for float32) in: out" in " ".join(cap.out.split())
     assert "1 kernel(s) FAILED: swiglu/standard offby" in cap.err and "--seed 0" in cap.err
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_text_report_fits_100_columns_and_loses_nothing(capsys, verbose):
+    """Passes, failures, a kernel raising, a skip with its long reason, notes and ``-v``'s every
+    case: no line over 100 columns (the table was about 200 wide); wrapped, nothing is cut."""
+    rc = check.run(args(registry=reference_registry(("wrong", WRONG)), op="swiglu", compile=True, verbose=verbose))
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert max(len(ln) for ln in out.splitlines()) <= 100, "\n".join(ln for ln in out.splitlines() if len(ln) > 100)
+    flat = " ".join(out.split())
+    assert "skip: kernel 'gpuonly' (wrong local (entry point 'wrong')) needs a cuda device" in flat
+    assert "swiglu/standard raises 2d-3x17 [float32]: error" in flat and "kernel exploded" in flat
+    assert "swiglu/standard writer [float32] note: writes into its input(s) gate (in place)" in flat
+    assert "swiglu/standard eager torch.compile(fullgraph=True): pass" in flat
+    shown = {case for case in harness("swiglu").cases("standard", "small") if f"eager {case.name} [float32]: pass" in flat}
+    assert len(shown) == (len(harness("swiglu").cases("standard", "small")) if verbose else 0)
 
 
 def test_case_option_runs_only_the_named_cases(capsys):
@@ -366,7 +385,7 @@ def test_error_no_worse_than_eager_in_the_dtype_passes_with_a_note(capsys, no_ul
     rc = check.run(args(registry=reference_registry(("lowp", LOWP)), backend="like_eager", op="swiglu"))
     out = capsys.readouterr().out
     assert rc == 0, out
-    assert "within 2x the error of eager in bfloat16" in out
+    assert "within 2x the error of eager in bfloat16" in " ".join(out.split())  # a long note is wrapped
 
 
 def test_error_well_beyond_eager_in_the_dtype_fails_and_names_both(capsys, no_ulp):

@@ -1,8 +1,9 @@
 """Checkpoints of ``veomni-ops train`` (issue 23, "nothing lost"; :mod:`veomni_ops.train.checkpoint`).
 
 A run killed hard (``os._exit(9)``: no cleanup, as under SIGKILL; ``ckpt_worker.py``) and
-resumed gives the losses of a run never stopped, bitwise in float32: in one process, and on 2
-processes (``dp_shard: 2``, gloo; killed in the middle of a save, whose half-written checkpoint
+resumed gives the losses of a run never stopped, bitwise in float32: in one process (written
+at 1 thread and resumed in a process of 2, and the reverse: the resumed run takes the
+checkpoint's thread count), and on 2 processes (``dp_shard: 2``, gloo; killed in the middle of a save, whose half-written checkpoint
 resume must pass over). A checkpoint written under ``dp_shard: 2`` (and ``dp_shard: 2, ep: 2``)
 resumes in one process, and one written in one process under ``sp: 2, ep: 2``. And
 the refusals: malformed fields, no checkpoint, a checkpoint of another model or other data.
@@ -11,6 +12,8 @@ The 2-process jobs are marked ``parallel``.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -66,9 +69,21 @@ def steps_in(directory: Path) -> list[str]:
     return sorted(os.listdir(directory))
 
 
-def one_process(tmp_path: Path, result: Path, kill: str, *args: str) -> subprocess.CompletedProcess:
-    """``veomni-ops train ARGS`` in a process of its own (not a rank: no torchrun variables)."""
-    env = P._env()
+@contextlib.contextmanager
+def threads(n: int):
+    """torch at ``n`` intra-op threads in this process, whatever the machine and OMP_NUM_THREADS."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def one_process(tmp_path: Path, result: Path, kill: str, *args: str, threads: int = 1) -> subprocess.CompletedProcess:
+    """``veomni-ops train ARGS`` in a process of its own (not a rank: no torchrun variables), at
+    ``threads`` intra-op threads (OMP_NUM_THREADS)."""
+    env = {**P._env(), "OMP_NUM_THREADS": str(threads)}
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(var, None)
     return subprocess.run([sys.executable, str(WORKER), str(result), kill, "--", *args], env=env, cwd=str(HERE),
@@ -86,28 +101,56 @@ def two_ranks(tmp_path: Path, result: Path, kill: str, *args: str) -> list[dict]
 # ----------------------------------------------------------------------------------------
 
 
-def test_one_process_killed_and_resumed_gives_the_same_losses(tmp_path, capsys):
-    never = train_one(load_job(str(write_job(tmp_path, "plain"))), out=quiet())["losses"]
-    saved = train_one(load_job(str(write_job(tmp_path, "saved", checkpoint_dir="a", checkpoint_every=2))),
-                      out=quiet())
+@pytest.mark.parametrize("written, here", [(1, 2), (2, 1)], ids=["1-thread-resumed-in-2", "2-threads-resumed-in-1"])
+def test_one_process_killed_and_resumed_gives_the_same_losses(tmp_path, capsys, written, here):
+    """Killed in a process at ``written`` threads, resumed in one at ``here``: the resumed run
+    takes the checkpoint's count (torch's float32 sums split over threads round otherwise: on
+    some CPUs 1 and 2 threads give first-step gradients 1.6e-7 apart), and this process's count
+    is its own again after it."""
+    with threads(written):
+        never = train_one(load_job(str(write_job(tmp_path, "plain"))), out=quiet())
+        saved = train_one(load_job(str(write_job(tmp_path, "saved", checkpoint_dir="a", checkpoint_every=2))),
+                          out=quiet())
+    assert never["threads"] == written
+    never = never["losses"]
     assert saved["losses"] == never and len(never) == STEPS  # writing checkpoints changes nothing
     assert steps_in(tmp_path / "a") == [checkpoint_name(s) for s in (2, 4, 6)]
 
     job = write_job(tmp_path, "killed", checkpoint_dir="b", checkpoint_every=2)
-    proc = one_process(tmp_path, tmp_path / "killed.json", "after:4", str(job))
+    proc = one_process(tmp_path, tmp_path / "killed.json", "after:4", str(job), threads=written)
     assert proc.returncode == 9, proc.stderr[-4000:]
     assert "step   4/6" in proc.stderr and "step   5/6" not in proc.stderr
     assert steps_in(tmp_path / "b") == [checkpoint_name(2), checkpoint_name(4)]
+    assert json.loads((tmp_path / "b" / checkpoint_name(4) / INFO).read_text())["threads"] == written
 
-    assert main(["train", str(job), "--resume", "--json"]) == 0
+    with threads(here):
+        assert main(["train", str(job), "--resume", "--json"]) == 0
+        assert torch.get_num_threads() == here  # the run's count was the run's only
     out = capsys.readouterr()
     got = json.loads(out.out)
     assert got["resumed_from"] == str(tmp_path / "b" / checkpoint_name(4)) and got["first_step"] == 5
+    assert got["threads"] == written
     assert got["losses"] == never, (got["losses"], never)  # steps 1..4 from the checkpoint, 5..6 trained: bitwise
+    assert (f"threads: {written} intra-op thread(s), the count {tmp_path / 'b' / checkpoint_name(4)} was written at, "
+            f"for the losses of a run never stopped (torch's count in this process is {here}; train.threads sets "
+            "another)") in out.err
     assert "resumed: step 4 <- " in out.err and "step   5/6" in out.err and "step   4/6" not in out.err
+    assert "differ by rounding" not in out.err and "warning" not in out.err
     assert steps_in(tmp_path / "b") == [checkpoint_name(s) for s in (2, 4, 6)]
     info = json.loads((tmp_path / "b" / checkpoint_name(6) / INFO).read_text())
-    assert info["step"] == 6 and info["losses"] == never and info["world_size"] == 1
+    assert info["step"] == 6 and info["losses"] == never and info["world_size"] == 1 and info["threads"] == written
+
+
+def test_resuming_at_another_thread_count_is_said(tmp_path, capsys, two_steps):
+    """``train.threads`` set to another count than the checkpoint's: the run takes it, and says
+    that its losses are not bitwise those of a run never stopped."""
+    written = json.loads((two_steps / INFO).read_text())["threads"]
+    job = write_job(tmp_path, "other", steps=3, threads=written + 1, resume=str(two_steps))
+    assert main(["train", str(job), "--json"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["threads"] == written + 1
+    assert (f"at {written + 1} intra-op thread(s), written at {written} (train.threads): the losses differ by rounding "
+            "from a run never stopped") in out.err
 
 
 # ----------------------------------------------------------------------------------------
@@ -309,9 +352,42 @@ def test_a_checkpoint_of_other_data_or_no_steps_left_is_refused(tmp_path, two_st
         train_one(job, out=quiet())
     assert str(e.value) == (
         f"{two_steps}: the checkpoint's data differ from this job's (seed 0 there, 1 here; batch_size 2 there, 4 "
-        "here): the synthetic batches, and so where the data stands, depend on train.seed, batch_size, seq_len and "
-        "the vocabulary; resume with the values it was written with, or write a fresh checkpoint_dir")
+        "here): the synthetic batches, and so where the data stands, depend on train.seed, batch_size, seq_len, the "
+        "vocabulary and the packing (data.packing, doc_len; None: unpacked); resume with the values it was written "
+        "with, or write a fresh checkpoint_dir")
     job = load_job(str(write_job(tmp_path, "done", steps=2, resume=str(two_steps))))
     with pytest.raises(TrainConfigError, match="the checkpoint is at step 2 and train.steps is 2: nothing is left to "
                                                r"train; raise train.steps \(or --steps\) to train on"):
+        train_one(job, out=quiet())
+
+
+def test_a_packed_job_resumes_on_its_documents_and_other_data_is_refused(tmp_path, two_steps):
+    """Packed documents (``data:``, issue 35) are a function of the seed and the step: a resumed
+    run trains on the documents of the run never stopped, bitwise; a checkpoint of packed rows and
+    a job of unpacked ones (or other document lengths) are other data, refused."""
+    def packed(name: str, **train) -> Path:
+        path = write_job(tmp_path, name, **train)
+        job = yaml.safe_load(path.read_text())
+        job["data"] = {"packing": True, "doc_len": {"mean": 5, "min": 2}}
+        path.write_text(yaml.safe_dump(job))
+        return path
+
+    with threads(1):
+        whole = train_one(load_job(str(packed("whole", steps=4, checkpoint_dir="ck", checkpoint_every=2))),
+                          out=quiet())
+        info = json.loads((tmp_path / "ck" / checkpoint_name(2) / INFO).read_text())
+        assert info["data"]["packing"] == {"mean": 5, "min": 2, "max": 16, "sigma": 1.0}
+        said = io.StringIO()
+        resumed = train_one(load_job(str(packed("again", steps=4, resume=str(tmp_path / "ck" / checkpoint_name(2))))),
+                            out=said)
+    assert resumed["first_step"] == 3 and resumed["losses"] == whole["losses"]  # bitwise
+    assert "data: packed documents, lengths log-normal (mean 5, sigma 1.0) clipped to [2, 16]" in said.getvalue()
+    assert "; step 3: " in said.getvalue()  # the resumed run's first step, counted
+    assert resumed["data"]["rows"] == 4 and whole["data"]["rows"] == 8
+    job = load_job(str(write_job(tmp_path, "unpacked", steps=4, resume=str(tmp_path / "ck" / checkpoint_name(2)))))
+    with pytest.raises(TrainConfigError, match=r"data differ from this job's \(packing \{'mean': 5, 'min': 2, 'max': "
+                                               r"16, 'sigma': 1.0\} there, None here\)"):
+        train_one(job, out=quiet())
+    job = load_job(str(packed("packed", steps=4, resume=str(two_steps))))
+    with pytest.raises(TrainConfigError, match=r"data differ from this job's \(packing None there, \{'mean': 5"):
         train_one(job, out=quiet())

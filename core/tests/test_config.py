@@ -333,6 +333,34 @@ def test_a_key_given_twice_is_refused_naming_it_and_both_lines(tmp_path):
     assert OpsConfig.from_yaml(q).rms_norm_implementation == "eager"
 
 
+def test_a_key_given_twice_in_flow_style_is_refused_naming_its_line_and_columns(tmp_path):
+    """{a: 1, a: 2} puts both keys on one line: still a key given twice (issue 32)."""
+    p = tmp_path / "flow.yaml"
+    p.write_text("ops_implementation: {rms_norm_implementation: liger, rms_norm_implementation: eager}\n")
+    with pytest.raises(ConfigError) as ei:
+        OpsConfig.from_yaml(p)
+    assert str(ei.value) == (f"{p}:1: key 'rms_norm_implementation' is given twice, on line 1 (columns 22 and 54) "
+                             f"(YAML would keep the second silently): keep one (in {p})")
+    q = tmp_path / "flow-lines.yaml"  # a flow mapping over several lines names both lines, as block style does
+    q.write_text("ops_implementation: {rms_norm_implementation: liger,\n  rms_norm_implementation: eager}\n")
+    with pytest.raises(ConfigError, match="on lines 1 and 2"):
+        OpsConfig.from_yaml(q)
+
+
+def test_a_file_that_is_not_utf8_is_named_with_the_byte_and_its_offset(tmp_path):
+    p = tmp_path / "latin1.yaml"
+    p.write_bytes("ops_implementation:\n  rms_norm_implementation: eager  # café\n".encode("latin-1"))
+    with pytest.raises(ConfigError) as ei:
+        OpsConfig.from_yaml(p)
+    assert str(ei.value) == (f"{p}: is not UTF-8 text: the byte 0xe9 at byte offset 59 (line 2) cannot be decoded "
+                             "(invalid continuation byte); save the file as UTF-8")
+    # UTF-8 with a byte-order mark, and UTF-16 with one, are YAML and read
+    for text in ("\ufeffops_implementation: {rms_norm_implementation: eager}\n".encode(),
+                 "ops_implementation: {rms_norm_implementation: eager}\n".encode("utf-16")):
+        p.write_bytes(text)
+        assert OpsConfig.from_yaml(p).rms_norm_implementation == "eager"
+
+
 @pytest.mark.parametrize("text,words", [
     ("modle:\n  ops_implementation:\n    rms_norm_implementation: eager\n",
      "'modle': unknown section; did you mean 'model'?"),

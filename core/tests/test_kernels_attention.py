@@ -393,6 +393,112 @@ def test_cu_seq_lens_need_a_batch_of_one_row():
             fn(Attn(2, 1, 8), q, k, v, None, cu_seq_lens_q=PACKED_CU, cu_seq_lens_k=PACKED_CU)
 
 
+# --- sdpa's packed rows through torch's varlen kernel (CUDA) -------------------------------
+def _varlen_stand_in(calls, gqa: bool):
+    """A stand-in for torch.nn.attention.varlen.varlen_attn on the CPU: each document of the
+    flattened [T, H, D] tokens attends to itself (causal per the window), in float64. With
+    ``gqa`` it has torch 2.13's keywords (enable_gqa, window_size); without, only is_causal (key
+    and value heads repeated by the caller)."""
+    def attend(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, causal=True):
+        assert q.dim() == 3 and cu_q.dtype == torch.int32 and torch.equal(cu_q, cu_k)
+        calls.append((cu_q.tolist(), max_q, max_k))
+        out = []
+        cu = cu_q.tolist()
+        for a, b in zip(cu, cu[1:]):
+            qq, kk, vv = (t[a:b].transpose(0, 1)[None] for t in (q, k, v))
+            ok = allowed(1, b - a, b - a, causal)
+            out.append(ref64(qq, kk, vv, ok, scale if scale is not None else q.shape[-1] ** -0.5)[0].to(q.dtype))
+        return torch.cat(out)
+
+    if gqa:
+        def varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1), enable_gqa=False):
+            assert enable_gqa == (k.shape[1] != q.shape[1])
+            return attend(q, k, v, cu_q, cu_k, max_q, max_k, scale=scale, causal=window_size == (-1, 0))
+    else:
+        def varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, is_causal=False):
+            assert k.shape[1] == q.shape[1]
+            return attend(q, k, v, cu_q, cu_k, max_q, max_k, scale=scale, causal=is_causal)
+    return varlen_attn
+
+
+@pytest.mark.parametrize("gqa", [True, False], ids=["enable_gqa", "repeated_kv"])
+@pytest.mark.parametrize("form", ["position_ids", "position_ids-per-row", "cu_seq_lens"])
+def test_sdpa_gives_packed_rows_to_the_varlen_kernel(monkeypatch, gqa, form):
+    """Where torch's varlen kernel runs (CUDA, half precision), sdpa gives it a packed row's
+    documents (cumulative lengths over the flattened batch) instead of building the [S, S]
+    mask; on the CPU a stand-in takes its place, so what sdpa passes (lengths, longest, layout,
+    GQA, causality, scale) is checked against float64, forward and backward."""
+    from veomni_ops.ops.attention import kernel as A
+
+    calls: list = []
+    monkeypatch.setattr(A, "_varlen_usable", lambda q: True)
+    monkeypatch.setattr(A, "_varlen_kernel", lambda: _varlen_stand_in(calls, gqa))
+    b, hq, hk, s, d = (2, 4, 2, 7, 8) if form == "position_ids-per-row" else (1, 4, 2, 9, 8)
+    q, k, v = qkv(b, hq, hk, s, d, torch.bfloat16, seed=3)
+    if form == "position_ids-per-row":
+        pos = torch.tensor([[0, 1, 2, 0, 1, 2, 3], [0, 1, 2, 3, 4, 0, 1]])
+        kw, want_cu, longest = {"position_ids": pos}, [0, 3, 7, 12, 14], 5
+    elif form == "position_ids":
+        pos = PACKED_POS
+        kw, want_cu, longest = {"position_ids": pos}, [0, 3, 7, 9], 4
+    else:
+        pos = PACKED_POS
+        kw, want_cu, longest = {"cu_seq_lens_q": PACKED_CU, "cu_seq_lens_k": PACKED_CU}, [0, 3, 7, 9], 4
+    out, _ = sdpa_attention(Attn(hq, hk, d), q, k, v, None, scaling=d**-0.5, **kw)
+    assert calls == [(want_cu, longest, longest)]
+    assert out.shape == (b, s, hq, d) and out.is_contiguous()
+    _check_packed("sdpa", out, q, k, v, allowed(b, s, s, True, segments=torch.cumsum(pos == 0, dim=1)),
+                  torch.bfloat16)
+
+
+def test_sdpa_keeps_the_mask_where_the_varlen_kernel_does_not_apply(monkeypatch):
+    """A mask given, a window, dropout, a row of one document, or a CPU tensor: no varlen call."""
+    from veomni_ops.ops.attention import kernel as A
+
+    calls: list = []
+    monkeypatch.setattr(A, "_varlen_kernel", lambda: _varlen_stand_in(calls, True))
+    q, k, v = qkv(1, 4, 2, 9, 8, torch.bfloat16, seed=4)
+    mod = Attn(4, 2, 8)
+    sdpa_attention(mod, q, k, v, None, position_ids=PACKED_POS)  # the CPU: the kernel does not run here
+    assert not calls and A._varlen_usable(q) is False
+    monkeypatch.setattr(A, "_varlen_usable", lambda q: True)
+    causal = torch.ones(9, 9, dtype=torch.bool).tril()[None, None]
+    sdpa_attention(mod, q, k, v, causal, position_ids=PACKED_POS)
+    sdpa_attention(mod, q, k, v, None, sliding_window=2, position_ids=PACKED_POS)
+    sdpa_attention(mod, q, k, v, None, dropout=0.1, position_ids=PACKED_POS)
+    sdpa_attention(mod, q, k, v, None, position_ids=torch.arange(9)[None])
+    assert not calls
+    sdpa_attention(mod, q, k, v, None, position_ids=PACKED_POS)
+    assert len(calls) == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch's varlen kernel runs on CUDA GPUs")
+def test_sdpa_packed_rows_on_cuda_use_the_varlen_kernel_and_match_float64():
+    """On a CUDA GPU (capability >= 8.0): the real kernel, a 2,048-token row of 5 documents."""
+    from veomni_ops.ops.attention import kernel as A
+
+    if not A._varlen_usable(torch.empty(1, device="cuda", dtype=torch.bfloat16)):
+        pytest.fail(f"torch {torch.__version__} on {torch.cuda.get_device_name()}: sdpa's varlen path cannot run")
+    lengths = [700, 300, 512, 36, 500]
+    pos = torch.cat([torch.arange(n) for n in lengths])[None].cuda()
+    s, hq, hk, d = sum(lengths), 8, 2, 128
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, h, s, d, generator=g).to("cuda", torch.bfloat16).requires_grad_()
+               for h in (hq, hk, hk))
+    real, used = A._varlen_kernel(), []
+    A._varlen_kernel.cache_clear()
+    try:
+        import unittest.mock
+
+        with unittest.mock.patch.object(A, "_varlen_kernel", lambda: (used.append(1), real)[1]):
+            out, _ = sdpa_attention(Attn(hq, hk, d), q, k, v, None, scaling=d**-0.5, position_ids=pos)
+    finally:
+        A._varlen_kernel.cache_clear()
+    assert used
+    segments = torch.cumsum(pos.cpu() == 0, dim=1)
+    _check_packed("sdpa", out, q, k, v, allowed(1, s, s, True, segments=segments).cuda(), torch.bfloat16)
+
+
 # --- flex_attention: PyTorch's FlexAttention under the same contract ----------------------
 # PyTorch's FlexAttention has no backward on the CPU: there the kernel is checked forward only
 # (inputs without gradients); on a CUDA GPU forward and backward, eager (its compiled FlexAttention)

@@ -248,3 +248,43 @@ def test_every_table_is_a_view_of_the_folders():
     # a parallel layout needs, per op, the modes the op offers and the layout uses
     assert ParallelLayout(dp_shard=2, sp=2, ep=2).needs() == {"moe_experts": ("ep",), "attention": ("sp",)}
     assert ParallelLayout(dp_shard=2).needs() == {}
+
+
+#: The core's own kernels, per op and variant: what the reference backend must register (an op
+#: folder's ``reference.py``). Written out, not derived from the folders, so that a kernel dropped
+#: from a folder's specs fails here instead of vanishing from every plan and check.
+CORE_KERNELS = {
+    ("rms_norm", "standard"): {"eager"},
+    ("rms_norm", "offset"): {"eager"},
+    ("rotary", "full"): {"eager"},
+    ("rotary", "partial"): {"eager"},
+    ("swiglu", "standard"): {"eager"},
+    ("cross_entropy", "logits"): {"eager"},
+    ("cross_entropy", "fused_linear"): {"eager", "chunked"},
+    ("moe_experts", "standard"): {"eager", "grouped_mm"},
+    ("load_balancing_loss", "standard"): {"eager"},
+    ("attention", "standard"): {"eager", "sdpa", "flex_attention"},
+}
+
+
+def test_the_core_registers_its_kernels_from_the_folders():
+    """The installed core's entry point registers exactly :data:`CORE_KERNELS`, each from its op's
+    folder (factory ``veomni_ops.ops.<op>.kernel:<fn>``, a function that exists), ``eager`` for
+    every variant of every op."""
+    import importlib
+
+    from veomni_ops.discovery import build_registry
+    from veomni_ops.registry import CORE_DISTRIBUTION
+
+    reg = build_registry(env={})  # the installed entry points, as a process builds them (no switches set)
+    assert not [f for f in reg.failures if f.provenance.distribution == CORE_DISTRIBUTION], reg.failures
+    core = [rk for rk in reg if rk.provenance.distribution == CORE_DISTRIBUTION]
+    got: dict[tuple[str, str], set[str]] = {}
+    for rk in core:
+        got.setdefault((rk.spec.op, rk.spec.variant), set()).add(rk.spec.name)
+    assert got == CORE_KERNELS
+    assert set(CORE_KERNELS) == {(op, v) for op, d in OP_DEFS.items() for v in d.info.variants}
+    for rk in core:
+        module, _, attr = rk.spec.factory.partition(":")
+        assert module == f"veomni_ops.ops.{rk.spec.op}.kernel", rk.spec.factory
+        assert callable(getattr(importlib.import_module(module), attr)), rk.spec.factory

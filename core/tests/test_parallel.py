@@ -626,6 +626,45 @@ def test_compile_under_a_layout_gives_the_eager_layouts_losses(world2_init_compi
         assert abs(a - b) <= 1e-6 * abs(b), (comp["losses"], eager["losses"])
 
 
+# ----------------------------------------------------------------------------------------
+# gradient checkpointing under FSDP2 (issue 35: train.gradient_checkpointing)
+# ----------------------------------------------------------------------------------------
+
+CHECKPOINTED = [
+    _scenario("plain_dp2", "qwen3", {"dp_shard": 2}, steps=2),
+    _scenario("checkpointed_dp2", "qwen3", {"dp_shard": 2}, steps=2, checkpoint=True),
+    _scenario("checkpointed_dp2_compiled", "qwen3", {"dp_shard": 2}, steps=2, checkpoint=True,
+              compile=CPU_COMPILE_BACKEND),
+]
+
+
+@pytest.fixture(scope="module")
+def world2_checkpointed(tmp_path_factory):
+    return run_scenarios(2, CHECKPOINTED, tmp_path_factory.mktemp("world2_checkpointed"))
+
+
+@pytest.mark.parallel
+@pytest.mark.parametrize("name", ["checkpointed_dp2", "checkpointed_dp2_compiled"])
+def test_checkpointed_layers_under_fsdp2_give_the_same_losses_and_gradients(world2_checkpointed, name):
+    """transformers checkpoints each layer's forward, inside FSDP2's hooks: the backward's
+    recomputation runs on the gathered parameters. Against one process (checkpointed too): the
+    layouts' 1e-5 rule; against the same layout without it, eager: the losses and every gradient
+    bitwise (float32, the same kernels in the same order); compiled (aot_eager): the losses to
+    1e-6 (measured on this machine: equal)."""
+    got, plain = world2_checkpointed[name], world2_checkpointed["plain_dp2"]
+    assert_same_as_one_process(CHECKPOINTED[1], got)
+    if name.endswith("compiled"):  # AOTAutograd may sum in another order (see the compile tests above)
+        assert got["compile"]["layers"] == 2
+        for a, b in zip(got["losses"], plain["losses"], strict=True):
+            assert abs(a - b) <= 1e-6 * abs(b), (got["losses"], plain["losses"])
+        return
+    assert got["losses"] == plain["losses"], (got["losses"], plain["losses"])
+    for step, (have_all, want_all) in enumerate(zip(got["grads"], plain["grads"], strict=True)):
+        assert set(have_all) == set(want_all)
+        for n, want in want_all.items():
+            assert torch.equal(have_all[n], want), (name, step, n)
+
+
 def test_compile_refuses_expert_parallelism_without_a_compilable_experts_kernel():
     """float32 on the CPU in compile mode: the eager experts loop does not compile and grouped_mm
     is bfloat16 only, so the experts keep the model's code, which cannot be expert-parallel."""
@@ -671,6 +710,27 @@ def test_a_failing_rank_ends_every_rank_with_its_error(tmp_path):
 
 
 @pytest.mark.parallel
+@pytest.mark.parametrize("killed", [1, 0])
+def test_a_killed_rank_is_named_by_the_survivor_without_torchrun(tmp_path, killed):
+    """Ranks started as a cluster launcher starts them (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+    set by the launcher, no torchrun agent to report a dead worker): one is SIGKILLed mid-job. The
+    survivor's collective fails at once (gloo: the peer's sockets close); it names the dead rank,
+    not gloo's "Connection closed by peer". Rank 0 hosts the job's store here: killed, the store
+    goes with it."""
+    sc = _scenario("killed", "qwen3", {"dp_shard": 2}, steps=3, fail={"rank": killed, "step": 1, "kill": True})
+    sc["parallel"]["timeout_s"] = 30
+    spec = tmp_path / "scenarios.json"
+    spec.write_text(json.dumps([sc]))
+    results = launch(2, [str(WORKER), str(spec), str(tmp_path)], tmp_path, timeout=90)
+    survivor = results[1 - killed]
+    assert results[killed]["rc"] == -9, _fmt(results)
+    assert survivor["rc"] not in (0, None) and survivor["seconds"] < 60, _fmt(results)
+    assert (f"ParallelFailure: rank {killed} of 2 failed: its process ended without an error report (killed, out of "
+            "memory, or a crash outside Python)") in survivor["output"], _fmt(results)
+    assert f"(every rank was stopped; this is rank {1 - killed})" in survivor["output"], _fmt(results)
+
+
+@pytest.mark.parallel
 def test_cli_train_under_torchrun_gives_the_one_process_losses(tmp_path):
     import yaml
     from veomni_ops import train
@@ -694,6 +754,29 @@ def test_cli_train_under_torchrun_gives_the_one_process_losses(tmp_path):
     ref = train.train_one(train.load_job(str(one)), out=open(os.devnull, "w"))
     for a, b in zip(got["losses"], ref["losses"]):
         assert abs(a - b) <= 1e-5 * max(1.0, abs(b)), (got["losses"], ref["losses"])
+
+
+@pytest.mark.parallel
+def test_cli_max_seq_probes_a_layout_and_its_fsdp2_baseline_in_ranks_of_their_own(tmp_path):
+    """``--max-seq`` of a ``dp_shard: 2`` job, run without torchrun: each probe starts its 2 ranks
+    (torch.distributed.run), the job's and the FSDP2 baseline's; the result comes from rank 0.
+    Refused under torchrun."""
+    import yaml
+
+    job = {"model": {"architecture": "qwen3", "size": "tiny"}, "parallel": {"dp_shard": 2, "timeout_s": 120},
+           "train": {"batch_size": 2, "seq_len": 16, "device": "cpu", "gradient_checkpointing": True}}
+    path = tmp_path / "dp2.yaml"
+    path.write_text(yaml.safe_dump(job))
+    cmd = [sys.executable, "-m", "veomni_ops.cli", "train", str(path), "--max-seq", "--max-seq-upto", "16",
+           "--baseline", "transformers+fsdp2", "--json"]
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    got = json.loads(proc.stdout)
+    assert [(r["run"], r["longest"], r["stopped"]) for r in got["max_seq"]] == [
+        ("dp2.yaml", 16, "bound"), ("baseline transformers+fsdp2", 16, "bound")]
+    assert "2 ranks" in proc.stderr
+    under = subprocess.run(cmd, env=_env(RANK="0", WORLD_SIZE="1"), capture_output=True, text=True, timeout=120)
+    assert under.returncode == 1 and "run it without torchrun" in json.loads(under.stdout)["error"]
 
 
 @pytest.mark.parallel
@@ -722,7 +805,7 @@ def test_cli_train_meta_init_and_compile_under_torchrun(tmp_path):
     assert got["parallel"]["compile"]["layers"] == 2 and got["parallel"]["compile"]["graph_breaks"] == {}
     err = proc.stderr
     assert ("torch.compile (backend aot_eager): 2 decoder layers (Qwen3DecoderLayer), each compiled in place after "
-            "FSDP2; eager: embedding, final norm, head and loss; FSDP2's hooks") in err, err[-4000:]
+            "FSDP2; eager: embedding, attention mask, final norm, head and loss; FSDP2's hooks") in err, err[-4000:]
     assert "torch.compile: graph breaks in the first step: none" in err
     assert "init: built on the meta device, bound, FSDP2-sharded, then materialised on cpu" in err
     ref = train.train_one(train.load_job(str(one)), out=open(os.devnull, "w"))

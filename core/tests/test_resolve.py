@@ -3,6 +3,7 @@ import json
 import pytest
 from conftest import make_plugin
 from veomni_ops import KernelSpec, OpsConfig, ResolutionError, build_registry, parse_device, resolve
+from veomni_ops.config import ConfigError
 from veomni_ops.device import DeviceError
 
 STD = {"rms_norm": ["standard"]}
@@ -225,6 +226,33 @@ def test_device_env_override(monkeypatch, toy_registry):
     monkeypatch.setenv("VEOMNI_OPS_DEVICE", "cuda:9.0")
     plan = resolve(OpsConfig(), registry=toy_registry, needs=STD, load=False)
     assert plan.device.overridden and plan.get("rms_norm", "standard").kernel == "hopper"
+
+
+def test_what_the_device_variable_changes_names_it(monkeypatch, toy_registry):
+    """VEOMNI_OPS_DEVICE changes what resolution plans for, with nothing in the call or the job
+    to show it: the plan, every refusal and a malformed value name the variable."""
+    from veomni_ops.device import DeviceError
+
+    monkeypatch.setenv("VEOMNI_OPS_DEVICE", "cuda:9.0")
+    plan = resolve(OpsConfig(), registry=toy_registry, needs=STD, load=False)
+    assert plan.table().startswith("KernelPlan for cuda:9.0 (from VEOMNI_OPS_DEVICE=cuda:9.0), mode")
+    with pytest.raises(ResolutionError) as ei:
+        resolve(OpsConfig(rms_norm_implementation="hopper"), "cuda:10.0", registry=toy_registry, needs=STD,
+                load=False)
+    assert str(ei.value).startswith("cannot resolve 1 op(s) for device cuda:10.0:\n")  # given by the caller
+    monkeypatch.setenv("VEOMNI_OPS_DEVICE", "cuda:10.0")
+    with pytest.raises(ResolutionError) as ei:
+        resolve(OpsConfig(rms_norm_implementation="hopper"), registry=toy_registry, needs=STD, load=False)
+    assert str(ei.value).startswith("cannot resolve 1 op(s) for device cuda:10.0 (from VEOMNI_OPS_DEVICE):\n")
+    assert "needs compute capability <= 9.0, this device has 10.0" in str(ei.value)
+    with pytest.raises(ConfigError, match=r"resolving its other fields for device cuda:10\.0 \(from "
+                                          r"VEOMNI_OPS_DEVICE\)"):
+        resolve({"rms_norm_implementation": "hopper", "swiglu_mlp_implementation": 3}, registry=toy_registry,
+                needs=STD, load=False)
+    monkeypatch.setenv("VEOMNI_OPS_DEVICE", "cuda:9")
+    with pytest.raises(DeviceError, match=r"^VEOMNI_OPS_DEVICE='cuda:9' \(set in the environment\): device 'cuda:9': "
+                                          r"'9' looks like a torch device index.*; or unset VEOMNI_OPS_DEVICE"):
+        resolve(OpsConfig(), registry=toy_registry, needs=STD, load=False)
 
 
 def test_refusals_are_typed_and_the_hint_follows_the_kind(toy_registry):

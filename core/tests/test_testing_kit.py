@@ -84,6 +84,21 @@ def test_plugin_fails_a_wrong_kernel_and_filters_by_op(pytester):
     ])
 
 
+def test_plugin_counts_its_tests_in_the_collected_line(pytester):
+    """pytest's "collected N items" (and --collect-only's summary) counts the kit's tests beside a
+    test file's: they said "collected 1 item" (0 in an empty folder) before "9 passed"."""
+    pytester.makepyfile("def test_x():\n    assert True\n")
+    n = len(harness("swiglu").cases("standard", "small"))
+    args = (*plugin_args(), "--veomni-ops-backend", "eager", "--veomni-ops-op", "swiglu",
+            "--veomni-ops-dtype", "float32", "--veomni-ops-size", "small")
+    res = pytester.runpytest(*args)
+    res.assert_outcomes(passed=n + 1)
+    res.stdout.fnmatch_lines([f"collected {n + 1} items"])
+    res = pytester.runpytest(*args, "--collect-only", "-q")
+    # the node ids the module's docstring gives (they began "::veomni-ops::")
+    res.stdout.fnmatch_lines(["veomni-ops::swiglu.standard.eager[[]float32-2d-3x17[]]", f"{n + 1} tests collected*"])
+
+
 def test_plugin_unknown_backend_fails_clearly(pytester):
     res = pytester.runpytest(*plugin_args(), "--veomni-ops-backend", "nosuchbackend")
     res.assert_outcomes(failed=1)
@@ -145,6 +160,9 @@ def test_edge_cases_are_present():
     assert all(x in names("moe_experts", "standard") for x in ("idle-experts", "one-expert", "duplicate-routes"))
     assert all(x in names("cross_entropy", "logits") for x in ("all-ignored", "ignore-index-3", "strided"))
     assert "all-ignored" in names("cross_entropy", "fused_linear") and "bias" in names("cross_entropy", "fused_linear")
+    for variant in ("logits", "fused_linear"):  # the loss as the model divides it, with nothing counted
+        for size in ("small", "full"):
+            assert all(f"all-ignored-{x}" in names("cross_entropy", variant, size) for x in ("mean", "num-items-0"))
     assert "padding" in names("attention", "standard") and "bshd-view" in names("attention", "standard")
     assert "padding-mask" in names("load_balancing_loss", "standard")
     assert "gate-up-halves" in names("swiglu", "standard") and "strided-rows" in names("rms_norm", "offset")

@@ -49,14 +49,15 @@ def two_norms():
                    supports_compile=True),
         KernelSpec(name="fast", op="rms_norm", variant="standard", factory="math:floor", priority=1,
                    supports_compile=True),
-        KernelSpec(name="eager", op="rms_norm", variant="standard", factory="math:ceil", priority=0,
-                   supports_compile=True),
         KernelSpec(name="hopper", op="rms_norm", variant="standard", factory="math:trunc", priority=0,
                    hardware=HardwareRequirement(("cuda",), min_capability=(9, 0), max_capability=(9, 0))),
     ]
     plugin = make_plugin("toy", rms_norm=specs)
     plugin.VEOMNI_OPS_PLUGIN_API = ">=1.0,<2"  # type: ignore[attr-defined]
-    return build_registry([("toy", plugin)], include_entry_points=False, env={})
+    # 'eager' is the core's name: its stand-in is registered as the core's
+    core = make_plugin("veomni-ops", rms_norm=[KernelSpec(name="eager", op="rms_norm", variant="standard",
+                                                          factory="math:ceil", priority=0, supports_compile=True)])
+    return build_registry([("toy", plugin), ("veomni-ops", core)], include_entry_points=False, env={})
 
 
 def lock_for(device: DeviceInfo, kernel: str = "fast", *, mode: str = "eager", dtype: str | None = None,
@@ -386,6 +387,25 @@ def test_tuned_plan_not_faster_than_static_keeps_the_static_choices(tiny_setup, 
         assert (lock.static_step_ms, lock.tuned_step_ms) == (10.0, tuned_ms)
 
 
+@pytest.mark.parametrize("tuned_ms, summary", [
+    (57.47, "kept: the static plan, 10.00 ms/step; the tuned plan measured 57.47 ms/step (0.174x the static plan's "
+            "speed) and was not kept"),
+    (7.5, "kept: the tuned plan, 7.50 ms/step against the static plan's 10.00 ms/step (both measured in this tune): "
+          "1.333x the static plan's speed"),
+])
+def test_closing_summary_gives_the_speed_of_the_plan_the_lock_keeps(tiny_setup, tmp_path, tuned_ms, summary):
+    """The tuned plan rejected (slower than the static one), the lock keeps the static plan: the
+    summary says so, and 0.174x is the rejected plan's speed, not the kept one's (it said "tuned
+    57.47 ms/step: 0.174x the static plan's speed" after keeping the static plan)."""
+    out = str(tmp_path / "l.json")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tune.TuneWarning)
+        lock = tune.Tuner(tiny_setup, out, FakeTimer(ms={"tuned": tuned_ms}), stream=io.StringIO()).run()
+    stream = io.StringIO()
+    tune.command.report(lock, tiny_setup, out, stream)
+    assert summary in stream.getvalue().splitlines()[-2], stream.getvalue()
+
+
 def test_a_candidate_must_beat_the_faster_of_the_two_static_timings(tiny_setup, tmp_path):
     """The first static timing was slow (the machine warming up, another job on the host): timed
     again after the candidates at 7.9 ms, it is the reference, and the 8 ms candidate loses."""
@@ -452,12 +472,17 @@ def test_dry_run_prints_what_it_would_time(tmp_path, capsys):
     # Measurements an interrupted tune kept are marked.
     s = tune.setup(train.load_job(job))
     with pytest.raises(KeyboardInterrupt):
-        tune.Tuner(s, out, FakeTimer(interrupt_at=2), method={"what": tune.command.WHAT, "timed_steps": 3,
-                                                              "warmup_steps": 2}, stream=io.StringIO()).run()
+        tune.Tuner(s, out, FakeTimer(interrupt_at=2), method=tune.command._method(5, 2, False, 0.01),
+                   stream=io.StringIO()).run()
     assert main(["tune", job, "--dry-run", "--json"]) == 0
     captured = capsys.readouterr()
     assert captured.err.count("(measured before: kept)") == 1
     assert json.loads(captured.out)["trials"][0] == {"key": "static", "label": s.trials()[0].label}
+    # ... only those the real tune would resume: not under other settings, and it says why.
+    assert main(["tune", job, "--dry-run", "--steps", "3"]) == 0
+    text = capsys.readouterr().out
+    assert "(measured before: kept)" not in text
+    assert f"{tune.side_path(out)}: not resumed, its measurements were made under another method" in text
 
 
 def test_tune_refusals_name_the_fix(tmp_path, capsys, monkeypatch):
@@ -468,13 +493,48 @@ def test_tune_refusals_name_the_fix(tmp_path, capsys, monkeypatch):
         m.setenv("VEOMNI_OPS_DEVICE", "cuda:9.0")  # planning for an H100 from this machine: a dry run only
         gpu_job = write_job(tmp_path, name="gpu.yaml", device="cuda")
         assert main(["tune", gpu_job, "--dry-run"]) == 0
-        assert "cuda:9.0 (override cuda:9.0), eager mode" in capsys.readouterr().out
+        assert "cuda:9.0 (from VEOMNI_OPS_DEVICE=cuda:9.0), eager mode" in capsys.readouterr().out
         assert main(["tune", gpu_job]) == 1
         assert "the plan's device cuda:9.0 (from VEOMNI_OPS_DEVICE) is not this machine's" in capsys.readouterr().err
     par = tmp_path / "par.yaml"
     par.write_text(Path(job).read_text() + "parallel: {dp_shard: 2}\n")
     assert main(["tune", str(par), "--dry-run"]) == 1
     assert "tune times one process" in capsys.readouterr().err
+
+
+def test_a_gpu_job_on_a_machine_without_one(tmp_path, capsys, monkeypatch):
+    """Without VEOMNI_OPS_DEVICE, a CUDA job's dry run here plans for a CUDA GPU, saying so (it
+    planned for this CPU and said cpu), and a real tune is refused in one line before anything is
+    timed (it timed the static plan, which died in its process, and the TuneError escaped as a
+    traceback)."""
+    monkeypatch.delenv("VEOMNI_OPS_DEVICE", raising=False)
+    import veomni_ops.device
+
+    cpu = DeviceInfo("cpu", None, "cpu")
+    monkeypatch.setattr(veomni_ops.device, "detected_device", lambda: cpu)
+    monkeypatch.setattr(tune.command, "detected_device", lambda: cpu)
+    job = write_job(tmp_path, name="gpu.yaml", device="cuda")
+    out = tmp_path / "gpu.lock.json"
+    assert main(["tune", job, "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    assert "tune " + job + ": cuda (the job's train.device cuda), eager mode" in text.splitlines()[0]
+    assert main(["tune", job]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("veomni-ops tune: veomni-ops tune times kernels on this machine, and the plan's device "
+                          "cuda (the job's train.device: cuda) is not this machine's (cpu)"), err
+    assert "Traceback" not in err and not out.exists() and not Path(tune.side_path(str(out))).exists()
+
+
+def test_a_tune_error_is_one_line(tiny_setup, tmp_path, capsys, monkeypatch):
+    """A TuneError (the static plan does not train) reaches the user as the CLI's one-line refusal."""
+    def fail(*args, **kwargs):
+        raise tune.TuneError("the job does not train with its static plan (boom)")
+
+    monkeypatch.setattr(tune.Tuner, "run", fail)
+    job = write_job(tmp_path)
+    assert main(["tune", job, "--steps", "1"]) == 1
+    err = capsys.readouterr().err
+    assert err == "veomni-ops tune: the job does not train with its static plan (boom)\n", err
 
 
 def test_real_tune_on_cpu_and_train_takes_the_lock(tmp_path, capsys):

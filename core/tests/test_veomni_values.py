@@ -17,6 +17,8 @@ from veomni_ops import ConfigError, HardwareRequirement, KernelSpec, OpsConfig, 
 from veomni_ops.backends import reference
 from veomni_ops.config import FIELD_TO_OP, LegacyValueWarning
 from veomni_ops.discovery import build_registry
+from veomni_ops.registry import extra_of
+from veomni_ops.spec import OPS
 from veomni_ops.veomni import DEVICE_VALUES, NOT_PROVIDED, VEOMNI_DEFAULTS
 
 FIXTURES = Path(__file__).parent / "fixtures" / "veomni"
@@ -243,3 +245,107 @@ def test_every_not_provided_entry_says_what_to_write():
         field = next(f for f, o in FIELD_TO_OP.items() if o == op)
         for entry in table.values():
             assert f"write {field}:" in entry.describe()
+
+
+#: Every VeOmni value whose meaning veomni-ops maps (a legacy spelling, or a kernel that depends on
+#: the device), as docs/veomni-values.md documents it: per device, the kernel it is there and the
+#: distribution that provides it (None: refused there, as VeOmni refuses it, or the kernel cannot
+#: run there). Written out from the doc, not read from veomni_ops.veomni / the op folders, so that
+#: a wrong mapping there fails here.
+DOCUMENTED = {
+    ("attn_implementation", "veomni_flash_attention_2_with_sp"): {
+        "cuda:9.0": ("flash_attention_2", "veomni-flash"), "npu": ("npu", "veomni-npu")},
+    ("attn_implementation", "veomni_flash_attention_3_with_sp"): {
+        "cuda:9.0": ("flash_attention_3", "veomni-flash"), "npu": ("npu", "veomni-npu")},
+    ("attn_implementation", "veomni_flash_attention_4_with_sp"): {
+        "cuda:9.0": ("flash_attention_4", "veomni-flash"), "npu": ("npu", "veomni-npu")},
+    ("attn_implementation", "flash_attention_2"): {
+        "cuda:9.0": ("flash_attention_2", "veomni-flash"), "npu": ("npu", "veomni-npu")},
+    ("attn_implementation", "flash_attention_3"): {
+        "cuda:9.0": ("flash_attention_3", "veomni-flash"), "npu": ("npu", "veomni-npu")},
+    ("attn_implementation", "flash_attention_4"): {
+        "cuda:9.0": ("flash_attention_4", "veomni-flash"), "npu": ("npu", "veomni-npu")},
+    ("attn_implementation", "veomni_flex_attention_with_sp"): {
+        "cuda:9.0": ("flex_attention", "veomni-ops"), "npu": ("flex_attention", None)},  # FlexAttention: CUDA
+    ("moe_implementation", "fused_triton"): {"cuda:9.0": ("triton", "veomni-triton"), "npu": ("npu", "veomni-npu")},
+    ("moe_implementation", "fused_quack"): {"cuda:9.0": ("quack", "veomni-quack"), "npu": ("quack", None)},
+    ("moe_implementation", "fused_npu"): {"cuda:9.0": ("npu", None), "npu": ("npu", "veomni-npu")},
+    ("moe_implementation", "fused"): {"cuda:9.0": ("quack", "veomni-quack"), "npu": ("npu", "veomni-npu")},
+    ("cross_entropy_loss_implementation", "liger_kernel"): {
+        "cuda:9.0": ("liger", "veomni-liger"), "npu": ("chunked", "veomni-ops")},
+    ("cross_entropy_loss_implementation", "chunk_loss"): {
+        "cuda:9.0": ("chunked", "veomni-ops"), "npu": ("chunked", "veomni-ops")},
+    ("cross_entropy_loss_implementation", "npu"): {"cuda:9.0": ("npu", None), "npu": ("chunked", "veomni-ops")},
+    ("rms_norm_implementation", "liger_kernel"): {"cuda:9.0": ("liger", "veomni-liger"), "npu": ("npu", "veomni-npu")},
+    ("swiglu_mlp_implementation", "liger_kernel"): {
+        "cuda:9.0": ("liger", "veomni-liger"), "npu": ("eager", "veomni-ops")},
+    ("rotary_pos_emb_implementation", "liger_kernel"): {
+        "cuda:9.0": ("liger", "veomni-liger"), "npu": ("npu", "veomni-npu")},
+    ("load_balancing_loss_implementation", "triton"): {
+        "cuda:9.0": ("triton", "veomni-triton"), "npu": ("eager", "veomni-ops")},
+}
+
+#: A distribution-qualified legacy value is that distribution's kernel on every device (the doc:
+#: naming the distribution opts out of VeOmni's rewrite).
+DOCUMENTED_QUALIFIED = {
+    ("attn_implementation", "veomni_flash_attention_2_with_sp@veomni-flash"): "flash_attention_2@veomni-flash",
+    ("attn_implementation", "veomni_flex_attention_with_sp@veomni-ops"): "flex_attention@veomni-ops",
+    ("moe_implementation", "fused_triton@veomni-triton"): "triton@veomni-triton",
+    ("moe_implementation", "fused_quack@veomni-quack"): "quack@veomni-quack",
+    ("moe_implementation", "fused_npu@veomni-npu"): "npu@veomni-npu",
+    ("moe_implementation", "fused@veomni-quack"): "quack@veomni-quack",
+    ("cross_entropy_loss_implementation", "liger_kernel@veomni-liger"): "liger@veomni-liger",
+    ("cross_entropy_loss_implementation", "chunk_loss@veomni-ops"): "chunked@veomni-ops",
+    ("rms_norm_implementation", "liger_kernel@veomni-liger"): "liger@veomni-liger",
+    ("swiglu_mlp_implementation", "liger_kernel@veomni-liger"): "liger@veomni-liger",
+    ("rotary_pos_emb_implementation", "liger_kernel@veomni-liger"): "liger@veomni-liger",
+}
+
+
+def test_every_mapped_veomni_value_is_documented_here():
+    """A VeOmni value the code maps (an op folder's legacy table, veomni.DEVICE_VALUES) must be in
+    DOCUMENTED, so that its mapping is checked against the doc."""
+    from veomni_ops.ops import OP_DEFS
+
+    field_of = {op: f for f, op in FIELD_TO_OP.items()}
+    mapped = {(field_of[op], v) for op, d in OP_DEFS.items() for v in d.legacy}
+    mapped |= {(field_of[op], v) for op, table in DEVICE_VALUES.items() for v in table}
+    assert mapped <= set(DOCUMENTED), sorted(mapped - set(DOCUMENTED))
+
+
+@pytest.mark.parametrize("device", ["cuda:9.0", "npu"])
+@pytest.mark.parametrize("field, value", list(DOCUMENTED), ids=lambda x: str(x))
+def test_each_veomni_value_is_its_documented_kernel_from_its_distribution(field, value, device):
+    """The config reads the value as the documented kernel on ``device``, and the plan takes that
+    kernel from the documented distribution: with the installed registry (every backend in the
+    integration session, the core alone here), the plan entry where the distribution is installed,
+    else a refusal of that name whose fix installs that distribution."""
+    kernel, dist = DOCUMENTED[(field, value)][device]
+    op = FIELD_TO_OP[field]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", LegacyValueWarning)
+        cfg = OpsConfig(**{field: value})
+    assert getattr(cfg.for_device(device), field) == kernel
+    registry = build_registry(env={})  # the installed backends
+    needs = {op: ["fused_linear" if op == "cross_entropy" else OPS[op][0]]}
+    try:
+        plan = veomni_ops.resolve(cfg, device, needs=needs, registry=registry, load=False, check_requires=False)
+    except ResolutionError as e:
+        (r,) = e.refusals
+        assert r.requested == getattr(cfg, field)
+        if dist is not None:  # documented to run there: refused only because its distribution is not installed
+            assert f"no kernel {kernel!r} is registered for {op}" in r.why, r.why
+            assert not any(k.spec.name == kernel and k.provenance.distribution == dist for k in registry.for_op(op))
+            assert f"plugins/{dist}" in r.how or f"veomni-ops[{extra_of(dist)}]" in r.how, r.how
+        return
+    assert dist is not None, f"{value!r} was planned on {device}, where the doc says it is refused"
+    (entry,) = plan.entries
+    assert (entry.kernel, entry.distribution, entry.requested) == (kernel, dist, getattr(cfg, field))
+
+
+@pytest.mark.parametrize("field, value", list(DOCUMENTED_QUALIFIED), ids=lambda x: str(x))
+def test_a_qualified_veomni_value_is_that_distributions_kernel_on_every_device(field, value):
+    with pytest.warns(LegacyValueWarning):
+        cfg = OpsConfig(**{field: value})
+    for device in ("cuda:9.0", "npu", "cpu"):
+        assert getattr(cfg.for_device(device), field) == DOCUMENTED_QUALIFIED[(field, value)], device

@@ -238,3 +238,19 @@ def describe(x) -> object:
 def modules_with_instance_forward(model: nn.Module) -> list[str]:
     """Paths of the modules whose ``forward`` is an instance attribute (what binding installs)."""
     return [p or "<model>" for p, m in model.named_modules() if "forward" in m.__dict__]
+
+
+def grad_recorder():
+    """A transformers ``TrainerCallback`` (Trainer and TRL's trainers take it) that keeps every
+    parameter's gradient just before each optimizer step (after clipping), in ``.grads``."""
+    import transformers
+
+    class GradRecorder(transformers.TrainerCallback):
+        def __init__(self):
+            self.grads: list[dict[str, torch.Tensor]] = []
+
+        def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+            self.grads.append({n: p.grad.detach().clone() for n, p in model.named_parameters()
+                               if p.grad is not None})
+
+    return GradRecorder()

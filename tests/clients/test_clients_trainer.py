@@ -27,22 +27,13 @@ from clients_support import (
     batches,
     bound_pair,
     describe,
+    grad_recorder,
     model_kwargs,
     modules_with_instance_forward,
 )
 from models_support import build
 
 STEPS = 6
-
-
-class GradRecorder(T.TrainerCallback):
-    """Every parameter's gradient just before each optimizer step (after clipping)."""
-
-    def __init__(self):
-        self.grads: list[dict[str, torch.Tensor]] = []
-
-    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
-        self.grads.append({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
 
 
 class OutputSpy:
@@ -97,7 +88,7 @@ def _grad_norms(trainer) -> list[float]:
 
 
 def _train_and_evaluate(model, out_dir, bf16=False):
-    rec = GradRecorder()
+    rec = grad_recorder()
     spy = OutputSpy(model)
     trainer, metrics = _trainer(model, out_dir, bf16=bf16, callbacks=[rec])
     trainer.train()

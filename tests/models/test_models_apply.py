@@ -64,12 +64,15 @@ def test_survey_finds_expected_places(name):
     n_attn = 1 if name in OFFSET_MODELS else 2
     if name == "deepseek_v3":
         # rope_interleave=True (the default) routes through apply_rotary_pos_emb_interleave,
-        # a layout the rotary contract does not have: no place.
-        assert "rotary" not in by_op
+        # a layout the rotary contract does not have: each attention's rotary is left, with why.
+        assert [(p.path, p.left) for p in places if p.op == "rotary"] == [
+            (f"model.layers.{i}.self_attn", "its forward calls apply_rotary_pos_emb_interleave instead of "
+             "apply_rotary_pos_emb when config.rope_interleave is set (here True), which a rotary kernel would not "
+             "replace") for i in range(n_attn)]
     else:
         assert variants["rotary"] == {"partial" if name in OFFSET_MODELS else "full"}
         assert by_op["rotary"] == n_attn
-    rot = [p for p in places if p.op == "rotary"]
+    rot = [p for p in places if p.op == "rotary" and not p.left]
     for p in rot:
         head_dim = p.module.head_dim
         assert (p.info["rot_dim"] < head_dim) == (name in OFFSET_MODELS)
@@ -144,7 +147,7 @@ def test_all_eager_matches_transformers(name, registry):
     assert set(kernels.values()) == {"eager"}
     # Every place got a kernel; an eager loss is transformers' own: logits, then the loss
     # (the logits are returned), not the fused form.
-    assert len(binding.bound) == len(survey(build(name)))
+    assert len(binding.bound) == len([p for p in survey(build(name)) if not p.left])
     assert ("cross_entropy", "logits") in kernels and ("cross_entropy", "fused_linear") not in kernels
 
 
@@ -185,15 +188,33 @@ def _needs(model):
     return needs_of(survey(model))
 
 
-def test_all_ignored_labels_loss_is_nan_like_transformers(registry):
-    """Every label ignore_index: transformers' mean CE is 0/0 = nan; so is ours (both paths)."""
-    for cfg in (ALL_EAGER, {}):
-        ref, model = pair("qwen3")
-        veomni_ops.apply(model, cfg, registry=registry, device="cpu")
-        b = batch()
-        b["labels"][:] = -100
-        r, g = ref(**b), model(**b)
+@pytest.mark.parametrize("num_items", [None, "tensor 0", "int 0", "tensor 5"])
+@pytest.mark.parametrize(("cfg", "variant", "kernel"), [(ALL_EAGER, "logits", "eager"), ({}, "fused_linear", "chunked")],
+                         ids=["eager-logits", "auto-chunked"])
+def test_all_ignored_labels_give_transformers_loss_and_zero_gradients(cfg, variant, kernel, num_items, registry):
+    """Every label ignore_index (a batch of prompt-only rows): transformers' loss is 0/0 = nan
+    (0 over a positive num_items_in_batch) and every gradient is zero, since its cross-entropy
+    backward writes only counted rows, whatever the infinite 1/0 it is handed. Ours gives the same
+    loss and gradients on both paths (was: nan in every gradient under the chunked fused loss,
+    which scales its stored gradients by that inf; one optimizer step then ruined the model)."""
+    ref, model = pair("qwen3")
+    binding = veomni_ops.apply(model, cfg, registry=registry, device="cpu")
+    assert binding.plan.get("cross_entropy", variant).kernel == kernel
+    b = batch()
+    b["labels"][:] = -100
+    n = {None: None, "tensor 0": torch.tensor(0), "int 0": 0, "tensor 5": torch.tensor(5)}[num_items]
+    kw = {} if n is None else {"num_items_in_batch": n}
+    r, g = ref(**b, **kw), model(**b, **kw)
+    assert (g.logits is None) == (variant == "fused_linear")  # the path that kernel runs on
+    if num_items == "tensor 5":
+        assert float(r.loss.detach()) == 0.0 and float(g.loss.detach()) == 0.0
+    else:
         assert torch.isnan(r.loss) and torch.isnan(g.loss)
+    r.loss.backward()
+    g.loss.backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(bool((t == 0).all()) for t in grads), "gradients of a loss with no counted token"
+    assert assert_grads_close(ref, model, atol=0.0, rtol=0.0) > 10  # transformers' zeros, every parameter
 
 
 # ------------------------------------------------------------------------------------------
@@ -272,3 +293,111 @@ def test_apply_takes_a_memory_budget_through_its_target(registry):
     plan = resolve(OpsConfig(), "cpu", registry=registry)
     with pytest.raises(BindingError, match="a memory budget applies when resolving"):
         veomni_ops.apply(model, plan, registry=registry, memory=budget)
+
+
+# ------------------------------------------------------------------------------------------
+# what apply is given: refused by name, or replaced as a second apply replaces the first
+# ------------------------------------------------------------------------------------------
+
+
+def test_apply_refuses_what_is_not_a_module_naming_the_type_and_the_fix(registry):
+    model = build("qwen3")
+    cases = [
+        (lambda: veomni_ops.apply("x", {}), "got a builtins.str ('x')"),
+        (lambda: veomni_ops.apply(type(model), {}), "got the class Qwen3ForCausalLM itself; build the model first"),
+        (lambda: veomni_ops.apply({}, model), "got a builtins.dict first and the model second; write "
+                                              "veomni_ops.apply(model, config)"),
+    ]
+    for call, fix in cases:
+        with pytest.raises(TypeError) as ei:
+            call()
+        msg = str(ei.value)
+        assert msg.startswith("veomni_ops.apply(model, config): model must be a torch.nn.Module: a transformers "
+                              "model (a PreTrainedModel"), msg
+        assert fix in msg, msg
+    assert not hasattr(model, "veomni_ops_binding")
+
+
+def test_apply_on_a_module_without_a_transformers_model_or_a_place_is_refused(registry):
+    """Nothing to bind and nothing transformers: an error that says what apply expects, not a
+    binding of nothing."""
+    plain = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    with pytest.raises(BindingError) as ei:
+        veomni_ops.apply(plain, {}, registry=registry, device="cpu")
+    msg = str(ei.value)
+    assert msg.startswith("Sequential is not a transformers model and holds none, and veomni-ops found no place in "
+                          "it to bind a kernel"), msg
+    assert "veomni_ops.apply expects a transformers model (a PreTrainedModel" in msg and "pass that model" in msg
+    assert not hasattr(plain, "veomni_ops_binding") and "forward" not in plain[0].__dict__
+
+
+def test_apply_on_a_bare_decoder_layer_binds_its_places_and_says_it_is_no_transformers_model(registry):
+    """A module outside any transformers model whose places veomni-ops recognises by structure
+    (a decoder layer taken out of its model) is bound, and the binding says what it is: its
+    rotary is left (the rotary dimension is the model's), with why."""
+    ref, model = pair("qwen3")
+    layer = model.model.layers[0]
+    binding = veomni_ops.apply(layer, ALL_EAGER, registry=registry, device="cpu")
+    assert binding.summary() == {"attention": 1, "rms_norm": 4, "swiglu": 1}
+    assert binding.skipped == (("self_attn", "rotary", "the model has no rotary embedding module (a '*rotary_emb' "
+                                                       "with inv_freq) to read the rotary dimension from"),)
+    assert ("Qwen3DecoderLayer is not a transformers model and holds none: veomni-ops bound the places it "
+            "recognised by their structure (7, listed above)") in str(binding)
+    x = torch.randn(1, 5, 64)
+    pe = model.model.rotary_emb(x, torch.arange(5)[None])
+    torch.testing.assert_close(layer(x, position_embeddings=pe, attention_mask=None),
+                               ref.model.layers[0](x, position_embeddings=pe, attention_mask=None), **LOGIT_TOL)
+
+
+def test_apply_on_a_wrapper_after_apply_on_its_model_replaces_that_binding(registry):
+    """apply(wrapper) after apply(model): the wrapper's binding replaces the model's (as a second
+    apply on one model does), says so, and remove() leaves the model unbound."""
+    ref, model = pair("qwen3")
+    first = veomni_ops.apply(model, ALL_EAGER, registry=registry, device="cpu")
+    wrapper = torch.nn.ModuleDict({"lm": model})
+    binding = veomni_ops.apply(wrapper, {}, registry=registry, device="cpu")
+    assert not first.in_force and not hasattr(model, "veomni_ops_binding")
+    assert wrapper.veomni_ops_binding is binding and binding.skipped == ()
+    assert len(binding.bound) == len(first.bound) and ("lm", "cross_entropy", "fused_linear", "chunked") in binding.bound
+    assert ("replaced the binding veomni_ops.apply made on lm (Qwen3ForCausalLM): one binding per model, and this "
+            "one covers lm") in str(binding)
+    b = batch()
+    torch.testing.assert_close(model(**b).loss, ref(**b).loss, **LOSS_TOL)
+    binding.remove()
+    assert not [m for m in wrapper.modules() if "forward" in m.__dict__]
+    # A failed apply on the wrapper gives the model its own binding back.
+    first = veomni_ops.apply(model, ALL_EAGER, registry=registry, device="cpu")
+    with pytest.raises(BindingError):
+        veomni_ops.apply(wrapper, {"moe_implementation": "grouped_mm"}, registry=registry, device="cpu")
+    assert first.in_force and model.veomni_ops_binding is first and not hasattr(wrapper, "veomni_ops_binding")
+
+
+def test_apply_on_a_model_inside_a_bound_wrapper_is_refused_naming_the_fix(registry):
+    model = build("qwen3")
+    wrapper = torch.nn.ModuleDict({"lm": model})
+    outer = veomni_ops.apply(wrapper, {}, registry=registry, device="cpu")
+    with pytest.raises(BindingError) as ei:
+        veomni_ops.apply(model, ALL_EAGER, registry=registry, device="cpu")
+    msg = str(ei.value)
+    assert msg.startswith("Qwen3ForCausalLM is bound already, as part of the binding of a module that holds it"), msg
+    assert "call veomni_ops.apply on that outer module again" in msg and "outer.veomni_ops_binding.remove()" in msg
+    assert outer.in_force and not hasattr(model, "veomni_ops_binding")
+
+
+def test_apply_under_the_device_variable_names_it(registry, monkeypatch):
+    """VEOMNI_OPS_DEVICE set to another machine's device: apply's refusals say where the device
+    came from, and its config mistakes are all said first."""
+    from veomni_ops.device import detected_device
+
+    model = build("qwen3")
+    here = detected_device()
+    other = "npu" if here.type != "npu" else "cuda:9.0"  # a device this machine is not
+    monkeypatch.setenv("VEOMNI_OPS_DEVICE", other)
+    with pytest.raises(BindingError) as ei:
+        veomni_ops.apply(model, {}, registry=registry)
+    assert (f"apply binds kernels that run on this machine ({here}), and the device to resolve for is {other} (from "
+            "VEOMNI_OPS_DEVICE), another machine's. Unset VEOMNI_OPS_DEVICE") in str(ei.value)
+    with pytest.raises(veomni_ops.ResolutionError, match=rf"for device {other} \(from VEOMNI_OPS_DEVICE\):\n  - "
+                                                         "attn_implementation='flash_typo'"):
+        veomni_ops.apply(model, {"attn_implementation": "flash_typo"}, registry=registry)
+    assert not hasattr(model, "veomni_ops_binding")

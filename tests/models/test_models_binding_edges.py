@@ -82,12 +82,62 @@ def test_generate_matches(registry):
 # -- DeepSeek-V3: rotary is bound only where the model calls the contract's layout ---------------
 
 
-def test_deepseek_interleaved_rope_has_no_rotary_place(counting_registry, counter):
+INTERLEAVED = ("its forward calls apply_rotary_pos_emb_interleave instead of apply_rotary_pos_emb when "
+               "config.rope_interleave is set (here True), which a rotary kernel would not replace")
+
+
+def test_deepseek_interleaved_rope_is_left_to_the_model_with_why(counting_registry, counter):
     model = build("deepseek_v3")
     assert model.config.rope_interleave is True  # transformers' default
-    assert not [p for p in survey(model) if p.op == "rotary"]
-    with pytest.raises(BindingError, match="rotary_pos_emb_implementation='counting'"):
+    assert {p.left for p in survey(model) if p.op == "rotary"} == {INTERLEAVED}
+    with pytest.raises(BindingError, match="rotary_pos_emb_implementation='counting'") as ei:
         veomni_ops.apply(model, {"rotary_pos_emb_implementation": "counting"}, registry=counting_registry, device="cpu")
+    assert f"at model.layers.0.self_attn: {INTERLEAVED}" in str(ei.value)
+    binding = veomni_ops.apply(model, {}, registry=counting_registry, device="cpu")
+    assert [(p, why) for p, op, why in binding.skipped if op == "rotary"] == [
+        (f"model.layers.{i}.self_attn", INTERLEAVED) for i in range(2)]
+    assert "rotary" not in binding.summary()
+
+
+# -- a rotary function that is not the contract's: left to the model, with why -------------------
+
+
+def _interleaved_rotary(q, k, cos, sin):
+    """A rotary of another layout (pairs (x0, x1), (x2, x3), ... instead of halves)."""
+    def rot(x):
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return torch.stack((-x2, x1), dim=-1).flatten(-2)
+    return q * cos + rot(q) * sin, k * cos + rot(k) * sin
+
+
+def _raising_rotary(q, k, cos, sin):
+    raise RuntimeError("needs position_ids")
+
+
+@pytest.mark.parametrize("fn, why", [
+    (_interleaved_rotary, "does not compute the contract's rotate_half form"),
+    (_raising_rotary, "raised RuntimeError: needs position_ids when probed with the contract's inputs"),
+], ids=["other_layout", "raises"])
+def test_a_rotary_that_is_not_the_contracts_is_left_with_why(fn, why, counting_registry, counter, monkeypatch):
+    """A model whose apply_rotary_pos_emb fails the probe: each attention's rotary is a place left
+    to the model's code, named with the reason (the binding lists it), and a kernel named for it
+    is refused with that reason, not "no place"."""
+    from transformers.models.qwen3 import modeling_qwen3
+
+    monkeypatch.setattr(modeling_qwen3, "apply_rotary_pos_emb", fn)
+    model = build("qwen3")
+    name = f"{__name__}.{fn.__qualname__}"
+    binding = veomni_ops.apply(model, {}, registry=counting_registry, device="cpu")
+    left = [(p, w) for p, op, w in binding.skipped if op == "rotary"]
+    assert [p for p, _ in left] == ["model.layers.0.self_attn", "model.layers.1.self_attn"], binding
+    assert all(f"its apply_rotary_pos_emb ({name}) {why}" in w for _, w in left), left
+    assert "rotary" not in binding.summary() and binding.summary()["attention"] == 2
+    assert "2 left to the model's own code" in str(binding) and f"({name}) {why}" in str(binding)
+    binding.remove()
+    with pytest.raises(BindingError, match="rotary_pos_emb_implementation='counting' at model.layers.0.self_attn: "
+                                           f"its apply_rotary_pos_emb \\({name}\\) {why}"):
+        veomni_ops.apply(model, {"rotary_pos_emb_implementation": "counting"}, registry=counting_registry,
+                         device="cpu")
 
 
 def test_deepseek_plain_rope_binds_and_is_called(counting_registry, counter):

@@ -2,9 +2,10 @@
 
 What goes in, in this order:
 
-1. ``torch==2.13.0`` (pinned: an unpinned torch would pull a multi-GB CUDA build) and numpy,
-   from the machine's local wheel cache and indexes when they exist (``/opt/wheels``,
-   ``/opt/pypi/simple``, ``/opt/pypi-more/simple``), else from pip's configured index.
+1. ``torch==2.13.0`` (pinned: an unpinned torch would pull a multi-GB CUDA build), from the
+   machine's local wheel cache and indexes when they exist (``/opt/wheels``,
+   ``/opt/pypi/simple``, ``/opt/pypi-more/simple``), else from pip's configured index. No
+   numpy: the core requires it, and brings it.
 2. Wheels built from this checkout: the core (``core/``) and every fault-injection
    distribution in ``tests/fixtures/dists/``.
 3. Every real plugin ``plugins/veomni-*/`` present at test time, each with its
@@ -178,12 +179,12 @@ def _make_base_venv(venv: Path) -> subprocess.Popen | None:
     """Create the venv and start installing torch in the background; ``None`` if reused as is."""
     python = venv / "bin" / "python"
     if python.exists():
-        check = subprocess.run([python, "-c", "import torch, numpy"], env=clean_env(venv=venv), capture_output=True)
+        check = subprocess.run([python, "-c", "import torch"], env=clean_env(venv=venv), capture_output=True)
         if check.returncode == 0:
             return None
     else:
         _run([sys.executable, "-m", "venv", venv], env=clean_env())
-    cmd = [python, "-m", "pip", "install", "-q", *_pip_index_args(), TORCH_REQ, "numpy"]
+    cmd = [python, "-m", "pip", "install", "-q", *_pip_index_args(), TORCH_REQ]
     return subprocess.Popen([str(c) for c in cmd], env=clean_env(venv=venv), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 

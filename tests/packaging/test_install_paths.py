@@ -1,19 +1,28 @@
-"""The install path of a checkout (issue 25): ``./dev wheels`` builds every distribution (the
-core and each plugin) into one folder, and ``pip install --find-links DIR
-"veomni-ops[liger,triton]"`` resolves the core's extras to those wheels, their vendor libraries
-(liger-kernel, triton) from pip's configured indexes, as a user's pip would. The plugins are on
-no index yet: without ``--find-links`` the extras cannot resolve.
+"""The install path of a checkout (issue 25), as README.md's "Use" block writes it: ``./dev
+wheels`` builds every distribution (the core and each plugin) into one folder, then the block's
+two ``pip install`` lines run exactly as written, in a fresh venv, beside that folder: the one
+that installs torch (pinned: the release CI tests; unpinned, the install pulled the newest
+torch, a multi-GB CUDA build CI never tested), then ``pip install --find-links dist
+"veomni-ops[...]"``, which resolves the core's extras to those wheels and their vendor
+libraries (liger-kernel, triton) from pip's indexes, as a user's pip would, and must keep that
+torch. The plugins are on no index yet: without ``--find-links`` the extras cannot resolve.
 
-Nothing here uses ``--no-deps``: liger-kernel and triton install for real (under
-constraints.txt, torch pinned first), so this needs the indexes pip is configured with (CI's
-machine has them). About two minutes on 2 CPU cores: a fresh venv gets torch, triton and
-liger-kernel.
+Which README lines: in the ``## Use`` section, its first ```` ```bash ```` block; of its lines
+(split as a shell does, comments dropped), the ``pip install`` ones; the one with
+``--find-links`` is the install, and the one before it naming a ``torch==VERSION`` requirement
+is the torch line (exactly one of each). Each runs through ``bash -c`` as written.
+
+Nothing here uses ``--no-deps`` or constraints.txt: liger-kernel and triton install for real,
+from the indexes pip is configured with (CI's machine has them). About two minutes on 2 CPU
+cores: a fresh venv gets torch, triton and liger-kernel.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 import tomllib
@@ -25,8 +34,6 @@ from packaging.requirements import Requirement
 pytestmark = pytest.mark.packaging
 
 REPO = Path(__file__).resolve().parents[2]
-CONSTRAINTS = REPO / "constraints.txt"
-TORCH_REQ = os.environ.get("VEOMNI_TEST_TORCH", "torch==2.13.0")
 PLUGIN_DIRS = sorted(p.parent for p in (REPO / "plugins").glob("veomni-*/pyproject.toml"))
 
 
@@ -97,27 +104,76 @@ def test_the_core_extras_name_every_plugin_wheel_at_its_version(dist: Path) -> N
     assert by_extra["all"] == set(plugins)
 
 
-def test_find_links_install_resolves_the_extras_to_these_wheels(dist: Path, tmp_path: Path) -> None:
+def readme_install_lines(readme: str) -> tuple[str, str]:
+    """(the torch line, the install line) of README.md's "Use" block, as written (module docstring)."""
+    section = re.search(r"^## Use\n(.*?)(?=^## |\Z)", readme, re.M | re.S)
+    assert section, "README.md has no '## Use' section"
+    block = re.search(r"^```bash\n(.*?)^```", section.group(1), re.M | re.S)
+    assert block, "README.md's '## Use' section has no ```bash block"
+    pips = [(line, argv) for line in block.group(1).splitlines()
+            if (argv := shlex.split(line, comments=True))[:2] == ["pip", "install"]]
+    installs = [i for i, (_, argv) in enumerate(pips) if "--find-links" in argv]
+    assert len(installs) == 1, f"README.md's Use block: not one `pip install --find-links dist ...` line: {pips}"
+    torch = [line for line, argv in pips[:installs[0]] if any(a.startswith("torch==") for a in argv)]
+    assert len(torch) == 1, ("README.md's Use block must give one `pip install torch==VERSION ...` line before "
+                             f"`pip install --find-links dist ...` (which otherwise pulls the newest torch): {pips}")
+    return torch[0], pips[installs[0]][0]
+
+
+def test_readme_install_lines_are_found_and_pin_torch() -> None:
+    torch_line, install_line = readme_install_lines((REPO / "README.md").read_text())
+    assert re.search(r"(^|\s)torch==\d+\.\d+\.\d+(\s|$)", torch_line), torch_line
+    assert shlex.split(install_line, comments=True)[-1].startswith("veomni-ops["), install_line
+
+
+def test_readme_install_as_written_keeps_its_torch_and_resolves_the_extras_to_these_wheels(dist: Path,
+                                                                                          tmp_path: Path) -> None:
+    torch_line, install_line = readme_install_lines((REPO / "README.md").read_text())
+    pin = next(a for a in shlex.split(torch_line, comments=True) if a.startswith("torch==")).split("==")[1]
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", venv], _env(), cwd=tmp_path)
-    pip = [venv / "bin" / "python", "-m", "pip", "install", "-q", "-c", CONSTRAINTS]
     env = _env(venv)
-    _run([*pip, TORCH_REQ], env, cwd=tmp_path)  # first and pinned: no CUDA build pulled in by a dependency
-    _run([*pip, "--find-links", dist, "veomni-ops[liger,triton]"], env, cwd=tmp_path)
-    listed = json.loads(_run([venv / "bin" / "python", "-m", "pip", "list", "--format", "json"], env,
-                             cwd=tmp_path).stdout)
+    python = venv / "bin" / "python"
+    where = dist.parent  # the lines name ./dev wheels' folder as "dist", relative to where they run
+    assert dist.name == "dist", dist
+    assert _run(["bash", "-c", "command -v pip"], env, cwd=where).stdout.strip() == str(venv / "bin" / "pip")
+
+    def torch_version() -> str:
+        return _run([python, "-c", "import torch; print(torch.__version__)"], env, cwd=tmp_path).stdout.strip()
+
+    _run(["bash", "-c", torch_line], env, cwd=where)
+    installed = torch_version()
+    assert installed.split("+")[0] == pin, f"{torch_line!r} installed torch {installed}"
+    _run(["bash", "-c", install_line], env, cwd=where)
+    assert torch_version() == installed, f"{install_line!r} replaced torch {installed} with {torch_version()}"
+
+    listed = json.loads(_run([python, "-m", "pip", "list", "--format", "json"], env, cwd=tmp_path).stdout)
     have = {p["name"].lower().replace("_", "-"): p["version"] for p in listed}
-    for name, version in (_project(d / "pyproject.toml") for d in [REPO / "core", *PLUGIN_DIRS]):
-        wanted = name in ("veomni-ops", "veomni-liger", "veomni-triton")
-        assert (have.get(name) == version) if wanted else name not in have, (name, have.get(name))
-    assert "liger-kernel" in have and "triton" in have, have
+    core = tomllib.loads((REPO / "core/pyproject.toml").read_text())["project"]
+    extras = Requirement(shlex.split(install_line, comments=True)[-1]).extras
+    # every requirement of the extras named (our plugins at this checkout's version, and what they
+    # require: liger-kernel, triton), and no other plugin
+    wanted = [Requirement(r) for e in sorted(extras) for r in core["optional-dependencies"][e]]
+    plugins = dict(_project(d / "pyproject.toml") for d in PLUGIN_DIRS)
+    for r in wanted:
+        assert r.name in have and r.specifier.contains(have[r.name], prereleases=True), (str(r), have.get(r.name))
+        if r.name in plugins:
+            for dep in tomllib.loads((REPO / "plugins" / r.name / "pyproject.toml").read_text())["project"][
+                    "dependencies"]:
+                assert Requirement(dep).name in have, (r.name, dep)
+    assert have.get("veomni-ops") == core["version"]
+    for name in set(plugins) - {r.name for r in wanted}:
+        assert name not in have, (name, have[name])
     # From these wheels, not from an index that might hold the same names: the files are this checkout's.
-    out = json.loads(_run([venv / "bin" / "python", "-c",
-                           "import json, veomni_liger.specs as a, veomni_triton.specs as b; "
-                           "print(json.dumps([a.__file__, b.__file__]))"], env, cwd=tmp_path).stdout)
-    for installed, plugin in zip(out, ("veomni-liger", "veomni-triton")):
+    ours = sorted(r.name for r in wanted if r.name in plugins)
+    out = json.loads(_run([python, "-c", "import importlib, json, sys; print(json.dumps([importlib.import_module("
+                           "n.replace('-', '_') + '.specs').__file__ for n in sys.argv[1:]]))", *ours], env,
+                          cwd=tmp_path).stdout)
+    for installed_file, plugin in zip(out, ours):
         package = plugin.replace("-", "_")
-        assert Path(installed).read_bytes() == (REPO / "plugins" / plugin / "src" / package / "specs.py").read_bytes()
-    plugins = json.loads(_run([venv / "bin" / "veomni-ops", "plugins", "--json"], env, cwd=tmp_path).stdout)
-    loaded = {(p["distribution"], p["status"]) for p in plugins["plugins"]}
-    assert {("veomni-ops", "loaded"), ("veomni-liger", "loaded"), ("veomni-triton", "loaded")} <= loaded, loaded
+        assert Path(installed_file).read_bytes() == (REPO / "plugins" / plugin / "src" / package / "specs.py").read_bytes()
+    proc = _run([venv / "bin" / "veomni-ops", "plugins", "--json"], env, cwd=tmp_path)
+    loaded = {(p["distribution"], p["status"]) for p in json.loads(proc.stdout)["plugins"]}
+    assert {("veomni-ops", "loaded"), *((name, "loaded") for name in ours)} <= loaded, loaded
+    # torch warns "Failed to initialize NumPy" at import where numpy is missing: the core requires it
+    assert "numpy" in have and "NumPy" not in proc.stderr, proc.stderr

@@ -45,6 +45,7 @@ __all__ = [
     "Tolerance",
     "apply",
     "build_registry",
+    "compile_layers",
     "current_device",
     "discover",
     "hookimpl",
@@ -55,6 +56,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from .binding import apply
+    from .parallel.fsdp import compile_layers
 
 
 def __getattr__(name: str) -> Any:
@@ -63,6 +65,11 @@ def __getattr__(name: str) -> Any:
         from .binding import apply
 
         return apply
+    # torch.compile each decoder layer in place (compile mode's way to compile a bound model): imports torch.
+    if name == "compile_layers":
+        from .parallel.fsdp import compile_layers
+
+        return compile_layers
     # The installed distribution's version (core/pyproject.toml), read when asked for.
     if name == "__version__":
         return core_version()

@@ -7,6 +7,7 @@
     veomni-ops check [--backend NAME] [--op OP]      every usable kernel against the reference
     veomni-ops bench [--op OP] [--preset NAME]       every usable kernel against eager, timed
     veomni-ops tune JOB [--out LOCK] [--dry-run]     time each op's candidates in the job's steps; write a plan lock
+    veomni-ops new-backend NAME [DIR]                a new backend: the backend template, renamed for NAME
 
 Exit codes: 0 ok; 1 the request was refused or a check failed (explanation on stderr; with
 the ``--json`` flag also ``{"error": ..., "kind": ...}`` on stdout); 2 bad usage.
@@ -42,6 +43,7 @@ EXTERNAL_COMMANDS = {
     "check": ("veomni_ops.testing.check", "check every usable kernel against the eager reference"),
     "bench": ("veomni_ops.bench", "benchmark every usable kernel against eager"),
     "tune": ("veomni_ops.tune", "time each op's candidate kernels inside a job's training steps; write a plan lock"),
+    "new-backend": ("veomni_ops.new_backend", "write a new backend: the backend template, renamed for NAME"),
 }
 
 # ----------------------------------------------------------------------------------------
@@ -295,6 +297,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .train import RunFailed, TrainConfigError
 
         refusals += (RunFailed, TrainConfigError)
+        from .tune import TuneError
+
+        refusals += (TuneError,)
     except ImportError:
         pass
     # A run of `train --compare/--baseline` in its child process: the parent already showed the warnings.
@@ -306,9 +311,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _report(args, e, error_text(e))
         return 1
     except Exception as e:
-        if args.command != "train":
+        if args.command not in ("train", "tune"):
             raise
-        # A training run failed in a way no check foresaw: one line, the traceback on request.
+        # A training run (or a tune's) failed in a way no check foresaw: one line, the traceback on request.
         if os.environ.get(ENV_TRACE, "") not in ("", "0"):
             traceback.print_exc()
             hint = ""

@@ -337,9 +337,10 @@ def _close_to(mapping: Mapping[str, Any], name: str) -> str | None:
 
 
 def load_yaml(path: str | os.PathLike) -> tuple[Any, list[str]]:
-    """The YAML document at ``path``, and its problems: each key given twice in one mapping
-    (YAML would keep the last value silently), named with both lines. A file that is not YAML
-    raises :class:`ConfigError`; a missing one, ``FileNotFoundError``."""
+    """The YAML document at ``path``, and its problems: each key given twice in one mapping, in
+    block or flow style (YAML would keep the last value silently), named with both places. A
+    file that is not YAML, or not UTF-8 text, raises :class:`ConfigError`; a missing one,
+    ``FileNotFoundError``."""
     import yaml
 
     duplicates: list[str] = []
@@ -348,28 +349,49 @@ def load_yaml(path: str | os.PathLike) -> tuple[Any, list[str]]:
         pass
 
     def mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-        seen: dict[Any, int] = {}
+        seen: dict[Any, yaml.Mark] = {}
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":
                 continue
             key = loader.construct_object(key_node, deep=True)
-            line = key_node.start_mark.line + 1
+            mark = key_node.start_mark
             try:
-                first = seen.setdefault(key, line)
+                first = seen.setdefault(key, mark)
             except TypeError:  # an unhashable key: PyYAML refuses it below
                 continue
-            if first != line:
-                duplicates.append(f"{os.fspath(path)}:{line}: key {key!r} is given twice, on lines {first} and "
-                                  f"{line} (YAML would keep the second silently): keep one")
+            if first is not mark:
+                # Both on one line ({steps: 2, steps: 1}, flow style): the columns tell them apart.
+                where = (f"on lines {first.line + 1} and {mark.line + 1}" if first.line != mark.line else
+                         f"on line {mark.line + 1} (columns {first.column + 1} and {mark.column + 1})")
+                duplicates.append(f"{os.fspath(path)}:{mark.line + 1}: key {key!r} is given twice, {where} (YAML "
+                                  "would keep the second silently): keep one")
         return loader.construct_mapping(node, deep=True)
 
     Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
-    with open(path) as fh:
+    # Bytes, not text: PyYAML then reads UTF-8 (or UTF-16 with its BOM) whatever the locale, and
+    # a byte it cannot decode is a ReaderError with its offset, said below with the file's name.
+    with open(path, "rb") as fh:
         try:
             data = yaml.load(fh, Loader=Loader)  # a SafeLoader: no arbitrary objects
+        except yaml.reader.ReaderError as e:
+            if e.encoding == "unicode":  # a character YAML does not allow (NUL, ...): PyYAML's words say it
+                raise ConfigError(f"{os.fspath(path)}: not valid YAML: {e}") from None
+            raise ConfigError(f"{os.fspath(path)}: {not_utf8(path, e.position, e.encoding, e.reason)}") from None
         except yaml.YAMLError as e:
             raise ConfigError(f"{os.fspath(path)}: not valid YAML: {e}") from None
     return data, duplicates
+
+
+def not_utf8(path: str | os.PathLike, offset: int, encoding: str = "utf-8", reason: str = "") -> str:
+    """What to say of the file ``path`` whose byte at ``offset`` is not ``encoding`` text: the
+    byte, its offset and line, and the fix."""
+    with open(path, "rb") as fh:
+        head = fh.read(offset + 1)
+    byte = f" 0x{head[offset]:02x}" if offset < len(head) else ""
+    why = f" ({reason})" if reason else ""
+    line = head.count(b"\n") + 1
+    return (f"is not {encoding.upper()} text: the byte{byte} at byte offset {offset} (line {line}) cannot be "
+            f"decoded{why}; save the file as UTF-8")
 
 
 # ----------------------------------------------------------------------------------------

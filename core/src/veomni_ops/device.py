@@ -11,7 +11,7 @@ import functools
 import importlib.util
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from .spec import DEVICE_TYPES, HardwareRequirement
 
@@ -30,12 +30,19 @@ class DeviceInfo:
     capability: tuple[int, int] | None = None
     name: str = ""
     overridden: bool = False
+    #: the override came from ``VEOMNI_OPS_DEVICE`` (not from the caller): every message naming
+    #: this device says so (:meth:`describe`), since nothing in the call or the job shows it
+    from_env: bool = field(default=False, compare=False)
 
     def __str__(self) -> str:
         s = self.type
         if self.capability:
             s += ":%d.%d" % self.capability
         return s
+
+    def describe(self) -> str:
+        """The device as messages name it: ``cuda:9.0``, or ``cuda:9.0 (from VEOMNI_OPS_DEVICE)``."""
+        return f"{self} (from {DEVICE_ENV})" if self.from_env else str(self)
 
     @property
     def torch_device(self) -> str:
@@ -139,7 +146,14 @@ def current_device(override: str | DeviceInfo | None = None) -> DeviceInfo:
     text = override or os.environ.get(DEVICE_ENV, "").strip()
     if not text:
         return detected_device()
-    dev = parse_device(text)
+    if override:
+        dev = parse_device(text)
+    else:
+        try:
+            dev = replace(parse_device(text), name=f"from {DEVICE_ENV}={text}", from_env=True)
+        except DeviceError as e:
+            raise DeviceError(f"{DEVICE_ENV}={text!r} (set in the environment): {e}; or unset {DEVICE_ENV} to "
+                              "resolve for this machine's device") from None
     if dev.type in CAPABILITY_RANGES and dev.capability is None:
         here = detected_device()
         if here.type == dev.type:

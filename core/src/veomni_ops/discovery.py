@@ -67,6 +67,30 @@ class PluginHookError(ValueError):
     """A plugin implements a hook that does not exist, or with the wrong signature."""
 
 
+class PluginExitError(RuntimeError):
+    """A plugin raised a ``BaseException`` that is not an ``Exception`` while loading (``sys.exit``,
+    ``SystemExit``, ...): it becomes the plugin's load failure instead of ending the process."""
+
+
+def _contained(e: BaseException, prov: Provenance, doing: str) -> BaseException:
+    """The load failure's error for what a plugin raised while ``doing`` (importing its module,
+    calling a hook). ``KeyboardInterrupt`` is not contained: the user's Ctrl-C stops discovery as it
+    stops anything else. Any other ``BaseException`` (``sys.exit`` at import, ...) would end every
+    command with no word of which plugin did it: it is named, as an ``Exception`` is."""
+    if isinstance(e, KeyboardInterrupt):
+        raise e
+    if isinstance(e, Exception):
+        return e
+    what = (f"called sys.exit({e.code!r})" if isinstance(e, SystemExit)
+            else f"raised {type(e).__module__}.{type(e).__qualname__}: {e}")
+    err = PluginExitError(
+        f"{doing} {what}, which would end the process; veomni-ops went on without this plugin. A plugin must raise "
+        f"an exception, not exit: fix or uninstall {prov.distribution} (pip uninstall {prov.distribution}), or "
+        f"disable it with {ENV_DENY}={prov.entry_point}")
+    err.__cause__ = e
+    return err
+
+
 def core_version() -> str:
     """This veomni-ops' version, from its distribution's metadata (``core/pyproject.toml`` is the
     one place it is written); ``"0+unknown"`` where the sources run without being installed.
@@ -273,8 +297,8 @@ def _call_hooks(pm: pluggy.PluginManager, prov: Provenance, trace: bool) -> tupl
             try:
                 result = impl.function()
                 got = list(result or ())
-            except Exception as e:
-                return [], LoadFailure(prov, f"hook:{op}", e)
+            except BaseException as e:  # noqa: BLE001 - a plugin's hook may raise anything (see _contained)
+                return [], LoadFailure(prov, f"hook:{op}", _contained(e, prov, f"its hook {op}()"))
             for s in got:
                 if getattr(s, "op", op) != op:
                     return [], LoadFailure(
@@ -289,10 +313,8 @@ def _load_one(src: _Source, reg: Registry, trace: bool
     prov = src.provenance
     try:
         module = src.load()
-    except BaseException as e:  # noqa: BLE001 - a plugin's import may raise anything
-        if isinstance(e, (KeyboardInterrupt, SystemExit)):
-            raise
-        return LoadFailure(prov, "import", e), [], []
+    except BaseException as e:  # noqa: BLE001 - a plugin's import may raise anything (see _contained)
+        return LoadFailure(prov, "import", _contained(e, prov, "importing it")), [], []
     if trace:
         log.info("veomni_ops: loaded %s from %s", prov.entry_point, getattr(module, "__name__", module))
     failure, warnings = _api_check(prov, module)

@@ -28,14 +28,29 @@ def _shift(labels: torch.Tensor | None, shift_labels: torch.Tensor | None, ignor
     return shift_labels.reshape(-1)
 
 
-def _normalise(total: torch.Tensor, shift: torch.Tensor, ignore_index: int,
-               num_items_in_batch: torch.Tensor | int | None) -> torch.Tensor:
+def normalise(total: torch.Tensor, shift: torch.Tensor, ignore_index: int,
+              num_items_in_batch: torch.Tensor | int | None) -> torch.Tensor:
+    """The loss from a kernel's sum ``total`` over the flat shifted labels ``shift``: divided by
+    ``num_items_in_batch`` where given, else by the number of counted tokens, as transformers'
+    ``ForCausalLMLoss`` does.
+
+    With no counted token (every label ``ignore_index``: a batch of prompt-only rows) the value
+    is transformers': ``0 / 0 = nan`` (or 0 over a positive ``num_items_in_batch``). So are the
+    gradients: zero. transformers gets zero because ``F.cross_entropy``'s backward writes only
+    the counted rows, whatever the incoming gradient, here ``1 / 0 = inf``; a kernel that stores
+    its gradients in the forward and scales them in backward (``chunked``, Liger's, Quack's,
+    veomni-triton's) would compute ``0 * inf = nan`` in every one. So the empty sum passes no
+    gradient back: it is a constant 0 then, with a zero gradient whatever divides it. A select,
+    not a branch: no host synchronisation, and nothing for ``torch.compile`` to break on.
+    """
+    counted = (shift != ignore_index).sum()
+    total = torch.where(counted > 0, total, total.detach())
     if num_items_in_batch is not None:
         if torch.is_tensor(num_items_in_batch):
             num_items_in_batch = num_items_in_batch.to(total.device)
         return total / num_items_in_batch
     # Same as F.cross_entropy(reduction="mean"): 0/0 = nan when every label is ignored.
-    return total / (shift != ignore_index).sum()
+    return total / counted
 
 
 def causal_lm_loss_from_logits(
@@ -49,7 +64,7 @@ def causal_lm_loss_from_logits(
 ) -> torch.Tensor:
     shift = _shift(labels, shift_labels, ignore_index).to(logits.device)
     total = kernel(logits.reshape(-1, logits.shape[-1]), shift, ignore_index=ignore_index)
-    return _normalise(total, shift, ignore_index, num_items_in_batch)
+    return normalise(total, shift, ignore_index, num_items_in_batch)
 
 
 def causal_lm_loss_fused(
@@ -78,4 +93,4 @@ def causal_lm_loss_fused(
     else:
         total = kernel(hidden_states.reshape(-1, hidden_states.shape[-1]), weight, shift, bias=bias,
                        ignore_index=ignore_index)
-    return _normalise(total, shift, ignore_index, num_items_in_batch)
+    return normalise(total, shift, ignore_index, num_items_in_batch)

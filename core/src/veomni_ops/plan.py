@@ -138,7 +138,7 @@ class KernelPlan:
         if e.fn is None:
             raise KernelNotLoadedError(
                 f"the plan for {op}/{variant} ({e.kernel}) was resolved without loading kernels "
-                f"(device {self.device}); resolve on the device that runs it to load it"
+                f"(device {self.device.describe()}); resolve on the device that runs it to load it"
             )
         return e.fn
 

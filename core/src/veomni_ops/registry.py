@@ -39,8 +39,40 @@ def origin_rank(distribution: str) -> int:
 ORIGINS = ("the core (veomni-ops)", "first-party (veomni-*)", "third-party")
 
 
+#: The reference kernel's name: what transformers itself computes. Only the core registers it.
+REFERENCE = "eager"
+
+
 class DuplicateKernelError(ValueError):
     """One distribution registered the same ``(op, variant, name)`` twice."""
+
+
+class ReservedNameError(ValueError):
+    """A plugin registered a kernel name that configs read as something else (``auto``, the
+    core's ``eager``, a VeOmni legacy name): no config could select it, and where it is
+    ``eager`` the core's own reference would become ambiguous."""
+
+
+def reserved_name(spec: KernelSpec, distribution: str) -> str | None:
+    """Why ``distribution`` may not register ``spec`` under its name (``None``: it may).
+
+    ``eager`` is the core's reference kernel: registered by the core, or by a module that
+    registers the core's own reference kernels again (the tests' registries do), never by a
+    kernel of another package."""
+    from .config import AUTO, LEGACY_VALUES
+
+    name = spec.name
+    if name == AUTO:
+        return f"{AUTO!r} is what a config writes to let veomni-ops pick a kernel, so no config could name this one"
+    core_kernel = spec.factory_repr().partition(":")[0].startswith("veomni_ops.")
+    if name == REFERENCE and canonical_distribution(distribution) != CORE_DISTRIBUTION and not core_kernel:
+        return (f"{REFERENCE!r} is the core's reference kernel (transformers' own computation), which configs, "
+                f"plans and the core's fallbacks name; only {CORE_DISTRIBUTION} registers it")
+    new = {**LEGACY_VALUES["*"], **LEGACY_VALUES.get(spec.op, {})}.get(name)
+    if new is not None:
+        return (f"a config's {name!r} is VeOmni's legacy name for {new!r} and is read as that, so no config could "
+                "name this kernel")
+    return None
 
 
 class ContestedNameError(DuplicateKernelError, LookupError):
@@ -153,6 +185,12 @@ class Registry:
             if not isinstance(spec, KernelSpec):
                 raise TypeError(f"hook returned {type(spec).__name__} {spec!r}, expected veomni_ops.KernelSpec")
             key = spec.key
+            why = reserved_name(spec, provenance.distribution)
+            if why is not None:
+                raise ReservedNameError(
+                    f"kernel name {spec.name!r} ({spec.op}/{spec.variant}) is reserved: {why}. {provenance} registers "
+                    f"it: its authors must rename the kernel (e.g. {f'{dist}_{spec.name}'.replace('-', '_')!r}); "
+                    f"until then uninstall it or disable it (VEOMNI_OPS_DISABLE={provenance.entry_point})")
             other = self._kernels.get(key, {}).get(dist) or staged.get(key)
             if other is not None:
                 op, variant, name = key

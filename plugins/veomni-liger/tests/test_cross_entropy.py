@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import veomni_liger.kernels.cross_entropy as ce
-from _helpers import assert_close, core_kernels
+from _helpers import assert_close, core_kernels, spec_for
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
@@ -341,3 +341,22 @@ def test_fused_linear_bad_inputs(kw, exc, match):
     args.update(kw)
     with pytest.raises(exc, match=match):
         ce.fused_linear_cross_entropy_sum(args["hidden"], args["weight"], args["labels"], **extra)
+
+
+@pytest.mark.parametrize("variant", ["logits", "fused_linear"])
+def test_kit_all_ignored_cases_against_float64(device, variant):
+    """The conformance kit's all-ignored cases, in every dtype the spec declares: the sum (0, zero
+    gradients), and the loss as the model gets it, divided by the counted tokens or by
+    num_items_in_batch = 0 (nan, as transformers') with transformers' zero gradients. Liger scales
+    its stored gradients by the incoming one, which there is 1/0 = inf: the core's division must
+    hand it none."""
+    from veomni_ops.testing.cases import harness
+    from veomni_ops.testing.runner import check_kernel
+
+    fn = ce.cross_entropy_sum if variant == "logits" else ce.fused_linear_cross_entropy_sum
+    spec = spec_for("cross_entropy", variant)
+    names = [c.name for c in harness("cross_entropy").cases(variant, "small") if c.name.startswith("all-ignored")]
+    assert len(names) >= 3, names  # the sum, divided by the count, by num_items_in_batch = 0
+    results = check_kernel(fn, spec, device=device, size="small", cases=names)
+    assert {(r.case, r.dtype) for r in results} == {(n, d) for n in names for d in spec.dtypes}
+    assert all(r.ok for r in results), [r.describe() for r in results if not r.ok]

@@ -413,3 +413,23 @@ def test_fused_linear_label_out_of_range():
     with pytest.raises(ValueError, match=r"labels holds 24, outside \[0, 24\)"):
         lce.fused_linear_cross_entropy_sum(torch.randn(8, 16, dtype=torch.bfloat16),
                                            torch.randn(24, 16, dtype=torch.bfloat16), torch.full((8,), 24))
+
+
+@pytest.mark.parametrize("variant", ["logits", "fused_linear"])
+def test_kit_all_ignored_cases_against_float64(variant):
+    """The conformance kit's all-ignored cases through both adapters, in every dtype the spec
+    declares: the sum (0, zero gradients), and the loss as the model gets it, divided by the
+    counted tokens or by num_items_in_batch = 0 (nan, as transformers') with transformers' zero
+    gradients. Quack's linear cross-entropy scales its stored gradients by the incoming one (the
+    stand-in too), which there is 1/0 = inf: the core's division must hand it none."""
+    from _helpers import spec_for
+    from veomni_ops.testing.cases import harness
+    from veomni_ops.testing.runner import check_kernel
+
+    fn = ce.cross_entropy_sum if variant == "logits" else lce.fused_linear_cross_entropy_sum
+    spec = spec_for("cross_entropy", variant)
+    names = [c.name for c in harness("cross_entropy").cases(variant, "small") if c.name.startswith("all-ignored")]
+    assert len(names) >= 3, names  # the sum, divided by the count, by num_items_in_batch = 0
+    results = check_kernel(fn, spec, device="cpu", size="small", cases=names)
+    assert {(r.case, r.dtype) for r in results} == {(n, d) for n in names for d in spec.dtypes}
+    assert all(r.ok for r in results), [r.describe() for r in results if not r.ok]

@@ -247,3 +247,21 @@ def test_kit_peaked_cases_against_float64(device):
     results = check_kernel(fused_linear_cross_entropy_sum, spec, device=device, size="small", cases=names)
     assert {(r.case, r.dtype) for r in results} == {(n, d) for n in names for d in spec.dtypes}
     assert all(r.ok for r in results), [r.describe() for r in results if not r.ok]
+
+
+def test_kit_all_ignored_cases_against_float64(device):
+    """The conformance kit's all-ignored cases, in every dtype the spec declares: the sum (0, zero
+    gradients), and the loss as the model gets it, divided by the counted tokens or by
+    num_items_in_batch = 0 (nan, as transformers') with transformers' zero gradients. The kernel
+    scales its stored gradients by the incoming one, which there is 1/0 = inf: the core's division
+    must hand it none."""
+    from _helpers import specs
+    from veomni_ops.testing.cases import harness
+    from veomni_ops.testing.runner import check_kernel
+
+    spec = next(s for s in specs.cross_entropy() if s.name == "triton")
+    names = [c.name for c in harness(OP).cases("fused_linear", "small") if c.name.startswith("all-ignored")]
+    assert len(names) >= 3, names  # the sum, divided by the count, by num_items_in_batch = 0
+    results = check_kernel(fused_linear_cross_entropy_sum, spec, device=device, size="small", cases=names)
+    assert {(r.case, r.dtype) for r in results} == {(n, d) for n in names for d in spec.dtypes}
+    assert all(r.ok for r in results), [r.describe() for r in results if not r.ok]

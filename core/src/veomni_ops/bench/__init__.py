@@ -20,7 +20,9 @@ for a fixed random cotangent laid out as the output, as the next layer's backwar
 * achieved rate from the op's minimal traffic or work (see :data:`FORMULAS` and
   ``benchmarks/README.md``), against the device's ceilings measured in the same run:
   device-to-device copy (bytes read + written) and a dense matmul (bf16 8192³ on CUDA,
-  fp32 on the CPU).
+  fp32 on the CPU); a share of them ("of ceiling") only where the calls were timed with the
+  caches flushed (CUDA): a CPU call, timed warm, reads a small workload from cache, faster
+  than the copy through memory (:func:`~veomni_ops.bench.render.share_refused`).
 * peak memory (CUDA): ``torch.cuda.max_memory_allocated`` over one call, inputs included.
 * peers (:mod:`~veomni_ops.bench.peers`): other projects' kernels as their users call them,
   each with a note of what its numbers include (Liger's RoPE rotates in place; veomni-liger's
@@ -54,11 +56,13 @@ from .render import (
     render_markdown,
     render_text,
     row_ceilings,
+    row_cells,
+    share_refused,
     table_rows,
     vs_eager_cell,
     write_results,
 )
-from .timing import GIB, Timer, kernel_ms, measure_ceilings, peak_gib
+from .timing import GIB, WALL_FLUSHED, Timer, kernel_ms, measure_ceilings, peak_gib
 from .workloads import (
     CPU_DEFAULT,
     FORMULAS,
@@ -72,8 +76,8 @@ from .workloads import (
 
 __all__ = [
     "CPU_DEFAULT", "ENV_PREFIXES", "FORMULAS", "GIB", "GPU_DEFAULT", "PASSES", "PRESETS", "TABLE_HEAD",
-    "VENDOR_DISTRIBUTIONS", "Timer", "Workload", "add_speedups", "build_inputs", "configure", "default_json_path",
+    "VENDOR_DISTRIBUTIONS", "WALL_FLUSHED", "Timer", "Workload", "add_speedups", "build_inputs", "configure", "default_json_path",
     "device_info", "device_slug", "environment", "kernel_ms", "measure_ceilings", "merge_results", "peak_gib",
-    "peer_lines", "plot", "rate_cells", "render_markdown", "render_text", "row_ceilings", "run", "run_bench",
-    "table_rows", "versions", "vs_eager_cell", "workloads", "write_results",
+    "peer_lines", "plot", "rate_cells", "render_markdown", "render_text", "row_cells", "row_ceilings", "run",
+    "run_bench", "share_refused", "table_rows", "versions", "vs_eager_cell", "workloads", "write_results",
 ]

@@ -12,7 +12,7 @@ from typing import Any
 
 from .environment import device_info, environment, versions
 from .peers import peers_for
-from .timing import GIB, Timer, kernel_ms, measure_ceilings, peak_gib
+from .timing import GIB, WALL_FLUSHED, WALL_WARM, Timer, kernel_ms, measure_ceilings, peak_gib
 from .workloads import CPU_DEFAULT, FORMULAS, GPU_DEFAULT, PASSES, PRESETS, Workload, build_inputs, workloads
 
 
@@ -185,8 +185,7 @@ def run_bench(
             "presets": {name: PRESETS[name][0] for name in presets},
             "ceilings": {k: (round(v, 4) if isinstance(v, float) else v) for k, v in ceilings.items()},
             "timing": {"warmup_ms": warmup_ms, "rep_ms": rep_ms, "statistic": "median",
-                       "wall": "CUDA events per call, L2 flushed before each" if device.type == "cuda"
-                       else "time.perf_counter per call",
+                       "wall": WALL_FLUSHED if device.type == "cuda" else WALL_WARM,
                        "kernel": f"torch.profiler device time, mean of {profile_calls} calls" if device.type == "cuda"
                        else None},
             "formulas": {k: v[0] for k, v in FORMULAS.items()},

@@ -7,6 +7,8 @@ import json
 import os
 from typing import Any
 
+from .timing import NO_SHARE, WALL_FLUSHED
+
 
 def shape_text(shape: dict[str, int]) -> str:
     return " ".join(f"{k}={v}" for k, v in shape.items())
@@ -34,6 +36,22 @@ def rate_cells(r: dict[str, Any], ceilings: dict[str, Any]) -> tuple[str, str]:
         c = ceilings.get("matmul_tflops")
         return f"{r['tflops']:.3g} TFLOP/s", (f"{100 * r['tflops'] / c:.0f}%" if c else "-")
     return "-", "-"
+
+
+def share_refused(result: dict[str, Any]) -> str | None:
+    """Why ``result``'s rows get no share of its ceilings (None: they do). Only a run whose calls
+    were timed with the caches flushed (CUDA) compares with a ceiling measured through memory; a
+    run timed warm (the CPU) read its small workloads from cache, past the ceiling."""
+    return None if (result.get("timing") or {}).get("wall") == WALL_FLUSHED else NO_SHARE
+
+
+def row_cells(result: dict[str, Any], r: dict[str, Any]) -> tuple[str, str]:
+    """The rate and "of ceiling" cells of ``r`` in ``result``: an error where it has no time, "-"
+    for the share where the run gives none (:func:`share_refused`)."""
+    if r.get("error") and r.get("wall_ms") is None:
+        return f"error: {r['error']}", "-"
+    rate, frac = rate_cells(r, row_ceilings(result, r))
+    return rate, "-" if share_refused(result) else frac
 
 
 TABLE_HEAD = ("preset", "op", "variant", "pass", "kernel", "dtype", "wall ms", "kernel ms", "rate", "of ceiling",
@@ -68,9 +86,8 @@ def peer_lines(result: dict[str, Any]) -> list[str]:
 def table_rows(result: dict[str, Any]) -> list[tuple[str, ...]]:
     out: list[tuple[str, ...]] = []
     for r in result["rows"]:
-        rate, frac = rate_cells(r, row_ceilings(result, r))
-        if r.get("error") and r.get("wall_ms") is None:
-            rate, frac = f"error: {r['error']}"[:60], "-"
+        rate, frac = row_cells(result, r)
+        rate = rate[:60]
         out.append((r["preset"], r["op"], r["variant"], r["pass"], kernel_cell(r), r["dtype"],
                     _fmt(r["wall_ms"]), _fmt(r["kernel_ms"]), rate, frac, _fmt(r["peak_gib"], ".2f"),
                     _fmt(r.get("extra_gib"), ".3f"), vs_eager_cell(result, r)))
@@ -91,6 +108,8 @@ def render_text(result: dict[str, Any]) -> str:
     for s in result.get("skipped", []):
         lines.append(f"skipped {s['preset']} {s['op']}/{s['variant']} {kernel_cell(s)}: {s['reason']}")
     lines.append(VS_EAGER)
+    if share_refused(result):
+        lines.append(f"of ceiling: {share_refused(result)}.")
     lines += peer_lines(result)
     return "\n".join(lines)
 
@@ -114,6 +133,7 @@ def render_markdown(result: dict[str, Any]) -> str:
         "",
         VS_EAGER,
         "",
+        *([f"Of ceiling: {share_refused(result)}.", ""] if share_refused(result) else []),
         "Versions: " + ", ".join(f"{k} {v}" for k, v in result.get("versions", {}).items()),
         "",
     ]
@@ -139,9 +159,7 @@ def render_markdown(result: dict[str, Any]) -> str:
         lines.append("| " + " | ".join(head) + " |")
         lines.append("|" + "---|" * len(head))
         for r in rows:
-            rate, frac = rate_cells(r, row_ceilings(result, r))
-            if r.get("error") and r.get("wall_ms") is None:
-                rate, frac = f"error: {r['error']}", "-"
+            rate, frac = row_cells(result, r)
             cells = (r["op"], r["variant"], f"{shape_text(r['shape'])} {r['dtype']}", r["pass"],
                      f"{kernel_cell(r)} ({r['distribution']} {r['version']})", _fmt(r["wall_ms"]),
                      _fmt(r["kernel_ms"]), rate, frac, _fmt(r["peak_gib"], ".2f"), _fmt(r.get("extra_gib"), ".3f"),

@@ -13,6 +13,15 @@ from typing import Any
 
 GIB = 2**30
 
+#: How a run's wall times were taken (the result's ``timing.wall``): on CUDA with L2 flushed
+#: before each call, so that a call reads its inputs from memory, as the copy ceiling does.
+WALL_FLUSHED = "CUDA events per call, L2 flushed before each"
+WALL_WARM = "time.perf_counter per call"
+#: Why a run timed warm gives no share of its ceilings ("of ceiling": "-").
+NO_SHARE = ("not given off CUDA: each call is timed warm, its inputs left in the caches by the call before (CUDA's "
+            "timing flushes L2 first), while the copy ceiling is a 64 MiB copy through memory, so a workload that "
+            "fits in cache reads faster than the ceiling and its share would say more than 100%")
+
 @dataclass
 class Timer:
     """Median wall time per call: CUDA events per call with an L2 flush, or perf_counter."""

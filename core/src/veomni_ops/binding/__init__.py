@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 from torch import nn
 
 from ..config import AUTO, OP_TO_FIELD, OpsConfig, as_config
-from ..device import DeviceInfo, current_device
+from ..device import DEVICE_ENV, DeviceInfo, current_device, detected_device, is_local
 from ..lock import LockArg
 from ..plan import KernelPlan, PlanEntry, text_columns
 from ..resolve import ResolutionError, resolve
@@ -156,7 +156,7 @@ class Binding:
         """What ``print(binding)`` shows: one row per bound place (path, op, variant, kernel
         and where it comes from), then the places left to the model's own code, with why."""
         state = "" if self.in_force else " (removed: the model runs its own code again)"
-        head = (f"Binding for {self.plan.device}, mode {self.plan.mode.execution}{state}: "
+        head = (f"Binding for {self.plan.device.describe()}, mode {self.plan.mode.execution}{state}: "
                 f"{len(self.bound)} place(s) bound"
                 + (f", {len(self.skipped)} left to the model's own code" if self.skipped else ""))
         rows = [("path", "op", "variant", "kernel")]
@@ -330,24 +330,104 @@ def apply(
     the shapes each op runs at): ``auto`` passes over a kernel whose declared extra memory does not
     fit it, for the next usable one (the plan entry's reason says so). ``None``: not considered.
     """
+    _check_model(model, config_or_plan)
     check_transformers(type(model))
     if skip_logits not in (None, True, False):
         raise BindingError(f"skip_logits must be None, True or False, got {skip_logits!r}")
-    current = model.__dict__.get("veomni_ops_binding")
-    if isinstance(current, Binding) and current.in_force:
-        # A second apply replaces the first: unbind, then bind; if binding fails, the first comes back.
-        current.remove()
-        try:
-            return apply(model, config_or_plan, device=device, registry=registry, training=training,
-                         compile=compile, parallel=parallel, skip_logits=skip_logits, lock=lock, memory=memory)
-        except BaseException:
-            if not getattr(model.__dict__.get("veomni_ops_binding"), "in_force", False):
-                current.restore()
-            raise
+    held = _bindings_in(model)
+    # A second apply replaces the first, and so does an apply on a module holding a bound one (a
+    # wrapper, a PEFT model made after binding): unbind, then bind; if binding fails, they come back.
+    for _, b in held:
+        b.remove()
+    try:
+        return _apply(model, config_or_plan, device=device, registry=registry, training=training, compile=compile,
+                      parallel=parallel, skip_logits=skip_logits, lock=lock, memory=memory,
+                      replaced=[path for path, _ in held if path])
+    except BaseException:
+        if not getattr(model.__dict__.get("veomni_ops_binding"), "in_force", False):
+            for _, b in reversed(held):
+                b.restore()
+        raise
+
+
+def _check_model(model: Any, config_or_plan: Any) -> None:
+    """Refuse what ``apply`` cannot bind before anything else runs: not a module at all (a
+    string, a model class, the arguments swapped)."""
+    if isinstance(model, nn.Module):
+        return
+    what = f"{type(model).__module__}.{type(model).__qualname__}"
+    if isinstance(model, type) and issubclass(model, nn.Module):
+        fix = (f"got the class {model.__qualname__} itself; build the model first (e.g. "
+               f"{model.__name__}.from_pretrained(...), or AutoModelForCausalLM.from_config(config)) and pass it")
+    elif isinstance(config_or_plan, nn.Module):
+        fix = f"got a {what} first and the model second; write veomni_ops.apply(model, config)"
+    else:
+        fix = f"got a {what} ({model!r:.80})"
+    raise TypeError(f"veomni_ops.apply(model, config): model must be a torch.nn.Module: {_EXPECTED}; {fix}")
+
+
+#: What ``apply`` binds into, for its refusals.
+_EXPECTED = ("a transformers model (a PreTrainedModel, e.g. from AutoModelForCausalLM.from_pretrained; VeOmni's "
+             "models are ones), or a module holding one (a PEFT model, your own wrapper, a torch.compile'd module)")
+
+
+def _bindings_in(model: nn.Module) -> list[tuple[str, Binding]]:
+    """Every binding in force on ``model`` or on a module inside it, with its module's path
+    (``""``: ``model`` itself)."""
+    out = []
+    for path, m in model.named_modules():
+        b = m.__dict__.get("veomni_ops_binding")
+        if isinstance(b, Binding) and b.in_force:
+            out.append((path, b))
+    return out
+
+
+#: Set on every forward binding puts on a module (:func:`_bound_here`).
+_BOUND = "__veomni_ops_bound__"
+
+
+def _bound_here(m: nn.Module) -> bool:
+    """Does ``m`` run a forward a veomni-ops binding set on it?"""
+    return getattr(getattr(m.__dict__.get("forward"), "__func__", None), _BOUND, False)
+
+
+def _holds_transformers_model(model: nn.Module) -> bool:
+    from transformers import PreTrainedModel
+
+    return any(isinstance(m, PreTrainedModel) for m in model.modules())
+
+
+def _apply(model: nn.Module, config_or_plan: KernelPlan | OpsConfig | Mapping[str, Any] | str | None, *,
+           device: DeviceInfo | str | None, registry: Registry | None, training: bool, compile: bool,
+           parallel: ParallelWrapper | None, skip_logits: bool | None, lock: LockArg, memory: MemoryBudget | None,
+           replaced: list[str]) -> Binding:
+    """:func:`apply` on a model no binding holds (``replaced``: the paths of the modules whose
+    bindings this one replaces)."""
     cfg = _config_of(config_or_plan)
     given = config_or_plan if isinstance(config_or_plan, KernelPlan) else None
     dev = given.device if given is not None else current_device(device)
-    places, skipped = _usable_places(type(model).__name__, cfg.for_device(dev), survey(model))
+    found = survey(model)
+    owner = type(model).__name__
+    notes_before = [f"replaced the binding veomni_ops.apply made on {path} ({type(model.get_submodule(path)).__name__}): "
+                    f"one binding per model, and this one covers {path}" for path in replaced]
+    if not _holds_transformers_model(model):
+        if not found:
+            raise BindingError(
+                f"{owner} is not a transformers model and holds none, and veomni-ops found no place in it to bind "
+                f"a kernel (no RMSNorm, SwiGLU MLP, attention, rotary, experts or causal-LM head): apply would bind "
+                f"nothing. veomni_ops.apply expects {_EXPECTED}; pass that model")
+        notes_before.append(f"{owner} is not a transformers model and holds none: veomni-ops bound the places it "
+                            f"recognised by their structure ({len(found)}, listed above); the model-level parts "
+                            "(the causal-LM head and its loss, the attention masks) live in a transformers model")
+    outer = [path for path, m in model.named_modules() if _bound_here(m)]
+    if outer:
+        at = outer[0] or "<model>"
+        raise BindingError(
+            f"{owner} is bound already, as part of the binding of a module that holds it: {len(outer)} of its "
+            f"modules ({at}, ...) run forwards veomni_ops.apply set there. A model has one binding, made on the "
+            "module apply was given: call veomni_ops.apply on that outer module again to change the kernels, or "
+            "remove its binding first (outer.veomni_ops_binding.remove()) and then apply here")
+    places, skipped = _usable_places(owner, cfg.for_device(dev), found)
     if given is not None:
         if compile and not given.compile:
             raise BindingError("this plan was resolved without compile=True; resolve it again with compile=True, "
@@ -368,7 +448,15 @@ def apply(
     else:
         plan, places, skipped = _leave_to_model(_resolve_for(type(model).__name__, cfg, target, registry, lock),
                                                 places, skipped)
-    notes = list(plan.notes)
+        if not is_local(dev):  # after resolution, so that the config's own mistakes are all said first
+            here = detected_device()
+            raise BindingError(
+                f"{owner}: apply binds kernels that run on this machine ({here}), and the device to resolve for is "
+                f"{dev.describe()}, another machine's. "
+                + (f"Unset {DEVICE_ENV} (planning for another machine is veomni-ops resolve's), or pass "
+                   f"apply(..., device='{here}')" if dev.from_env else
+                   f"Pass device='{here}' (or leave it out); to plan for {dev}, use veomni_ops.resolve"))
+    notes = [*plan.notes, *notes_before]
     if parallel is not None:
         plan = parallel.wrap_plan(plan)
     bound = _bind(model, plan, places, tuple(skipped), notes, skip_logits)
@@ -591,6 +679,7 @@ def _bind(model: nn.Module, plan: KernelPlan, places: list[Place], skipped, note
                      f"_attn_implementation {masks!r} for the bound attention's masks; the config object you "
                      "hold is unchanged, and binding.remove() puts it back")
     for m, fn in forwards:
+        setattr(fn, _BOUND, True)
         had = "forward" in m.__dict__
         undo.forwards.append((m, had, m.__dict__.get("forward")))
         m.forward = types.MethodType(fn, m)

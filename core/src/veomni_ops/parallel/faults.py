@@ -14,9 +14,14 @@ say why. :class:`FailureGuard` wraps one rank's work:
 * a rank whose own collective fails first (gloo reports a peer that went away) looks the
   failure up and raises :class:`ParallelFailure` naming the rank that failed.
 
-Collective timeouts (``parallel.timeout_s``, given to ``init_process_group``) remain the
-bound for a rank that dies without a Python exception (killed, out of memory): the others'
-collectives then fail after the timeout, or at once on gloo when the peer's sockets close.
+A rank that dies without a Python exception (killed, out of memory, a crash in native code)
+writes no record. Under torchrun its agent sees the worker die and says which; a cluster launcher
+that starts the ranks itself (setting ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``)
+says nothing. So every rank's watchdog also counts a heartbeat in the store, and a rank whose
+collective fails with no record to read (gloo: the peer's sockets closed) names the rank whose
+heartbeat stopped; where the store itself is gone and no torchrun agent hosts it, rank 0 hosted it
+and is the one that ended. Collective timeouts (``parallel.timeout_s``, given to
+``init_process_group``) remain the bound where a collective waits instead of failing (NCCL).
 """
 
 from __future__ import annotations
@@ -31,6 +36,10 @@ from datetime import timedelta
 from typing import Any, Literal
 
 PREFIX = "veomni_ops/failure"
+#: torchrun's agent sets this where it hosts the job's store (then the store outlives rank 0)
+AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
+#: what a rank that ended without an error report is said to have failed with
+SILENT_DEATH = "its process ended without an error report (killed, out of memory, or a crash outside Python)"
 
 
 class ParallelFailure(RuntimeError):
@@ -72,6 +81,8 @@ class FailureGuard:
         self.exit_on_peer_failure = exit_on_peer_failure
         attempt = attempt if attempt is not None else os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         self.prefix = f"{PREFIX}/{attempt}"
+        #: rank 0 hosts the store (init_process_group's env:// without torchrun's agent): its end is the store's
+        self.store_on_rank0 = os.environ.get(AGENT_STORE_ENV, "").lower() not in ("1", "true")
         # torch.distributed.TCPStore once connected (typed Any: torch's Store methods are untyped).
         self._store: Any = None
         self._watch_store: Any = None
@@ -119,6 +130,8 @@ class FailureGuard:
         # (Any other error is this rank's own, and reported as such even if another rank failed too.)
         if _is_comm_error(exc):
             peer = self._peer_failure(min(self.ack_wait_s, 2.0))
+            if peer is None:  # no record: a rank that died without a word (killed, OOM), if one stopped beating
+                peer = self._silent_failure()
             if peer is not None and peer["rank"] != self.rank:
                 with self._lock:
                     self._reported = True
@@ -129,16 +142,15 @@ class FailureGuard:
 
     # -- failing ------------------------------------------------------------------------------
     def _record(self, exc: BaseException) -> None:
-        store = self._store
         text = f"{type(exc).__name__}: {exc}"
         if len(text) > 4000:
             text = text[:4000] + " ..."
         record = {"rank": self.rank, "error": text, "host": socket.gethostname(), "pid": os.getpid()}
+        store = self._store
         try:
-            if store.add(self._key("count"), 1) != 1:
+            if not self._claim_first(record):
                 self._ack()  # another rank failed first: its record stands; it waits for our word
                 return
-            store.set(self._key("first"), json.dumps(record))
             deadline = time.monotonic() + self.ack_wait_s
             while time.monotonic() < deadline:  # give the others time to report it before we exit
                 if store.add(self._key("acks"), 0) >= self.world_size - 1:
@@ -146,6 +158,45 @@ class FailureGuard:
                 time.sleep(self.poll_s / 2)
         except Exception:  # the store is gone: nothing more to tell anyone
             pass
+
+    def _claim_first(self, record: dict[str, Any]) -> bool:
+        """Write ``record`` as the job's failure unless another was first (store errors propagate)."""
+        if self._store.add(self._key("count"), 1) != 1:
+            return False
+        self._store.set(self._key("first"), json.dumps(record))
+        return True
+
+    def _silent_failure(self) -> dict[str, Any] | None:
+        """The rank that ended without a record, as this rank's collective failed: the one whose
+        heartbeat stopped (read twice, a few beats apart; this rank beats meanwhile, as its watchdog
+        has stopped), or rank 0 where the store it hosted is gone. Recorded as the job's failure, so
+        that the other ranks' watchdogs stop them with the same error. ``None``: every rank beats."""
+        where = f"the job's store at {self.host}:{self.port}"
+        try:
+            before = self._beats()
+            deadline = time.monotonic() + max(1.0, 5 * self.poll_s)
+            while time.monotonic() < deadline:
+                self._store.add(self._key(f"beat/{self.rank}"), 1)
+                time.sleep(self.poll_s / 2)
+            after = self._beats()
+        except Exception:
+            if not self.store_on_rank0 or self.rank == 0:
+                return None
+            return {"rank": 0, "error": f"{SILENT_DEATH}; {where}, which rank 0 hosted, is gone"}
+        stopped = [r for r in range(self.world_size) if r != self.rank and after[r] == before[r]]
+        if not stopped:
+            return None
+        others = f"; rank(s) {', '.join(map(str, stopped[1:]))} stopped too" if stopped[1:] else ""
+        record = {"rank": stopped[0], "error": f"{SILENT_DEATH}: its heartbeat in {where} stopped{others} "
+                                               f"(seen by rank {self.rank})"}
+        try:
+            self._claim_first(record)
+        except Exception:
+            pass
+        return record
+
+    def _beats(self) -> list[int]:
+        return [self._store.add(self._key(f"beat/{r}"), 0) for r in range(self.world_size)]
 
     def _peer_failure(self, wait: float) -> dict[str, Any] | None:
         deadline = time.monotonic() + wait
@@ -167,16 +218,19 @@ class FailureGuard:
     # -- watching -----------------------------------------------------------------------------
     def _watch(self) -> None:
         lost = 0
+        beat = self._key(f"beat/{self.rank}")
         while not self._stop.wait(self.poll_s):
             try:
+                self._watch_store.add(beat, 1)  # this rank is alive (see _silent_failure)
                 got = self._read_first(self._watch_store)
                 lost = 0
             except Exception as e:
                 lost += 1
                 if lost * self.poll_s < min(self.timeout_s, 10.0) or self._stop.is_set():
                     continue
-                got = {"rank": "?", "error": f"the job's store at {self.host}:{self.port} is gone ({e}); rank 0 or "
-                                            "the launcher ended"}
+                gone = f"the job's store at {self.host}:{self.port} is gone ({e})"
+                got = ({"rank": 0, "error": f"{SILENT_DEATH}; {gone}, which rank 0 hosted"} if self.store_on_rank0
+                       else {"rank": "?", "error": f"{gone}; the launcher ended"})
             if got is None or got["rank"] == self.rank:
                 continue
             with self._lock:

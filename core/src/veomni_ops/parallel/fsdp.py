@@ -23,12 +23,14 @@ the GPU waits for is a wait for the slower rank):
 
 After sharding: :func:`init_from_reference` materialises a model built on the meta device with
 the weights of a normal build (rank 0's, broadcast a tensor at a time), and
-:func:`compile_layers` compiles each decoder layer's forward in place (FSDP2's hooks stay eager).
+:func:`compile_layers` compiles each decoder layer's forward in place (FSDP2's hooks stay eager;
+it also compiles a model of one process, without FSDP2: ``veomni_ops.compile_layers``).
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, cast
 
@@ -143,7 +145,19 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
 
 
 def compile_layers(model: nn.Module, backend: str = "inductor", fullgraph: bool = False) -> dict[str, Any]:
-    """``torch.compile`` every decoder layer's ``forward`` in place, after FSDP2 sharded it.
+    """``torch.compile`` every decoder layer's ``forward`` in place (after FSDP2 sharded it, under
+    a layout; or a model of one process). ``veomni_ops.compile_layers`` is this function.
+
+    Why not the whole model: the attention mask. The model's forward builds it before the
+    layers; run eagerly, transformers leaves it out (``None``) for a batch without padding or
+    packing, and sdpa runs its flash kernel with ``is_causal``. Traced by dynamo, transformers
+    5.17 builds it whole (``[B, 1, S, S]``: it cannot read the batch while tracing) and sdpa
+    leaves its flash path: 2.4x slower than eager at 32k tokens on Qwen3-30B-A3B's shapes (issue
+    35). Here the mask is
+    built eagerly, and each compiled layer call runs inside the attention kernels'
+    :func:`~veomni_ops.ops.attention.kernel.positions_checked` for its ``position_ids``, so that
+    the kernel, which cannot check them while traced, knows that they do not restart (no packed
+    documents) and leaves its own block mask out too.
 
     The layer's module call stays eager: FSDP2's pre/post-forward hooks (the all-gathers and
     reshards, which FSDP2 marks as not traceable) run around the compiled forward, as with
@@ -162,10 +176,44 @@ def compile_layers(model: nn.Module, backend: str = "inductor", fullgraph: bool 
     collector = _output_collector()
     for layer in layers:
         compiled = torch.compile(layer.forward, backend=backend, fullgraph=fullgraph)
-        cast(Any, layer).forward = _captured_outputs_as_global(compiled, collector)
+        cast(Any, layer).forward = _positions_checked(_captured_outputs_as_global(compiled, collector))
     kinds = sorted({type(m).__name__.removeprefix("FSDP") for m in layers})
+    sharded = any(type(m).__name__.startswith("FSDP") for m in layers)
     return {"what": "decoder layers", "layers": len(layers), "classes": kinds, "backend": backend,
-            "fullgraph": fullgraph, "eager": "embedding, final norm, head and loss; FSDP2's hooks"}
+            "fullgraph": fullgraph, "eager": "embedding, attention mask, final norm, head and loss"
+            + ("; FSDP2's hooks" if sharded else "")}
+
+
+def _positions_checked(forward: Any) -> Any:
+    """``forward`` (a compiled layer's) called inside
+    :func:`~veomni_ops.ops.attention.kernel.positions_checked` for the ``position_ids`` it is
+    given (transformers passes them by keyword), unless the call is itself being traced.
+
+    A KV cache given to the layer while autograd records (training with transformers' default
+    ``use_cache=True``) is warned about, once: the layer's attention writes it at the layer's
+    own index, which dynamo guards on, so every layer compiles a graph of its own, and past
+    ``torch._dynamo.config.cache_size_limit`` (8) layers the rest run eagerly."""
+    from ..ops.attention.kernel import positions_checked
+
+    warned: list[bool] = []
+
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            return forward(*args, **kwargs)
+        if not warned and torch.is_grad_enabled() and any(kwargs.get(k) is not None for k in _CACHE_KWARGS):
+            warned.append(True)
+            warnings.warn("compiled decoder layers were given a KV cache while training (transformers builds one "
+                          "when use_cache is True, its default): each layer then compiles a graph of its own, and "
+                          "past torch._dynamo.config.cache_size_limit layers run eagerly. Train with "
+                          "model(..., use_cache=False) (or model.config.use_cache = False)", stacklevel=2)
+        with positions_checked(kwargs.get("position_ids")):
+            return forward(*args, **kwargs)
+
+    return checked
+
+
+#: The decoder layers' KV-cache keyword (transformers 5.17-5.23: past_key_values; 5.24: cache).
+_CACHE_KWARGS = ("past_key_values", "cache")
 
 
 def _output_collector() -> Any:

@@ -208,7 +208,7 @@ def resolve(
     left = _left_to_model(refusals) if target.leaves_to_model else {}
     refusals = [r for r in refusals if r.op not in left]
     if config_problems:
-        raise config_error(config_problems, source, refusals, dev)
+        raise config_error(config_problems, source, refusals, dev.describe())
     if refusals:
         raise ResolutionError(refusals, dev)
     entries = [e for e in entries if e.op not in left]

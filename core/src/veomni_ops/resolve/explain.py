@@ -115,7 +115,7 @@ class ResolutionError(RuntimeError):
     def __init__(self, refusals: Sequence[Refusal], device: DeviceInfo):
         self.refusals = tuple(refusals)
         self.device = device
-        lines = [f"cannot resolve {len(self.refusals)} op(s) for device {device}:"]
+        lines = [f"cannot resolve {len(self.refusals)} op(s) for device {device.describe()}:"]
         lines += [f"  - {r.describe()}" for r in self.refusals]
         super().__init__("\n".join(lines))
         for r in self.refusals:

@@ -20,7 +20,7 @@ from typing import Any, cast
 from ..config import AUTO
 from ..lock import PlanLock
 from ..plan import PlanEntry
-from ..registry import FIRST_PARTY_DISTRIBUTIONS, ORIGINS, RegisteredKernel, Registry, origin_rank
+from ..registry import FIRST_PARTY_DISTRIBUTIONS, ORIGINS, REFERENCE, RegisteredKernel, Registry, origin_rank
 from ..spec import split_name
 from .checks import OpRequest
 from .explain import Refusal, RefusalKind
@@ -34,8 +34,6 @@ AUTO_ORDER = (
     "distribution; then kernel name; then distribution name"
 )
 
-#: The reference kernel's name: what transformers itself computes.
-REFERENCE = "eager"
 
 #: The variant the reference kernel is tried in first, where the model accepts it among others.
 #: ``cross_entropy``: the reference means what transformers does, the logits and then the loss

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import textwrap
 import traceback
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,6 +61,17 @@ class CaseResult:
                                  **({"eager_in_dtype": json_float(c.baseline)} if c.baseline is not None else {})}
                         for c in self.comparisons},
         }
+
+
+#: The text report's width: a line longer is wrapped (at spaces; a word longer than it is kept whole).
+WIDTH = 100
+
+
+def wrapped(line: str, indent: str = "    ") -> list[str]:
+    """``line`` as lines of at most :data:`WIDTH` columns, the continuations indented by ``indent``."""
+    if len(line) <= WIDTH:
+        return [line.rstrip()]
+    return textwrap.wrap(line, WIDTH, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
 
 
 def json_float(x: float | None) -> float | str | None:
@@ -164,13 +176,17 @@ class CheckReport:
         }
 
     def table(self, verbose: bool = False) -> str:
-        head = ("op", "variant", "kernel", "from", "dtype", "cases", "worst error", "result")
-        rows: list[tuple[str, ...]] = [head]
+        """The report in at most :data:`WIDTH` columns: a line per kernel (op/variant, kernel,
+        distribution), under it a row per dtype (result, cases, worst error with its tensor
+        and case), then the details; a longer line is wrapped, none is cut (``-v`` adds every
+        case's line, ``--json`` has every figure)."""
+        # in order: per kernel ("kernel", its heading), then ("skip", (reason,)) or a ("dtype", row) per dtype
+        rows: list[tuple[str, tuple[str, ...]]] = []
         notes: list[str] = []
         for k in self.kernels:
-            src = f"{k.distribution} {k.version}"
+            rows.append(("kernel", (f"{k.op}/{k.variant}", k.kernel, f"{k.distribution} {k.version}")))
             if k.status == SKIP:
-                rows.append((k.op, k.variant, k.kernel, src, "-", "-", "-", f"skip: {k.reason}"))
+                rows.append(("skip", (k.reason,)))
                 continue
             for dtype, results in k.by_dtype().items():
                 passed = sum(r.status == PASS for r in results)
@@ -182,30 +198,44 @@ class CheckReport:
                 if worst is not None and worst.baseline is not None:
                     wtxt += f"; eager {fmt_ratio(worst.baseline)}"
                 cases = f"{passed}/{len(results)}" + (f" ({unsup} unsupported)" if unsup else "")
-                rows.append((k.op, k.variant, k.kernel, src, dtype, cases, wtxt, "FAIL" if bad else "pass"))
+                rows.append(("dtype", (dtype, "FAIL" if bad else "pass", cases, wtxt)))
                 for r in bad:
-                    notes.append(f"  {k.op}/{k.variant} {k.kernel} {r.describe()}")
+                    notes.append(f"{k.op}/{k.variant} {k.kernel} {r.describe()}")
                 kernel_notes = sorted({n for r in results if r.ok for n in r.notes})
-                notes += [f"  {k.op}/{k.variant} {k.kernel} [{dtype}] note: {n}" for n in kernel_notes]
+                notes += [f"{k.op}/{k.variant} {k.kernel} [{dtype}] note: {n}" for n in kernel_notes]
                 if verbose:
-                    notes += [f"  {k.op}/{k.variant} {k.kernel} {r.describe()}" for r in results if r.ok]
+                    notes += [f"{k.op}/{k.variant} {k.kernel} {r.describe()}" for r in results if r.ok]
             if k.compile is not None:
-                notes.append(f"  {k.op}/{k.variant} {k.kernel} torch.compile(fullgraph=True): {k.compile}")
+                notes.append(f"{k.op}/{k.variant} {k.kernel} torch.compile(fullgraph=True): {k.compile}")
             if k.deterministic is not None:
-                notes.append(f"  {k.op}/{k.variant} {k.kernel} bitwise the same on a second run: {k.deterministic}")
-        widths = [max(len(r[i]) for r in rows) for i in range(len(head) - 1)]
-        lines = [f"veomni-ops check on {self.device}, {self.size} shapes, seed {self.seed} "
-                 f"(worst error: max |a-b| / (atol*s + rtol*|b| + ulp) against float64 eager; pass <= 1, or in bf16/fp16 "
-                 f"<= {BASELINE_FACTOR:g}x eager in the same dtype)"]
-        for i, row in enumerate(rows):
-            lines.append("  ".join(c.ljust(w) for c, w in zip(row[:-1], widths)) + "  " + row[-1])
-            if i == 0:
-                lines.append("  ".join("-" * w for w in widths) + "  ------")
+                notes.append(f"{k.op}/{k.variant} {k.kernel} bitwise the same on a second run: {k.deterministic}")
+        head = ("dtype", "result", "cases", "worst error (tensor, case)")
+        widths = [max(len(r[i]) for r in [head, *(r for kind, r in rows if kind == "dtype")])
+                  for i in range(len(head) - 1)]
+        kernel_head = ("op/variant", "kernel", "from")
+        kwidths = [max(len(r[i]) for r in [kernel_head, *(r for kind, r in rows if kind == "kernel")])
+                   for i in range(2)]
+        lines = [f"veomni-ops check on {self.device}, {self.size} shapes, seed {self.seed}"]
+        lines += wrapped(f"worst error: max |a-b| / (atol*s + rtol*|b| + ulp) against float64 eager; pass <= 1, or in "
+                         f"bf16/fp16 <= {BASELINE_FACTOR:g}x eager in the same dtype")
+        lines.append("  ".join(c.ljust(w) for c, w in zip(kernel_head, kwidths)) + "  " + kernel_head[-1])
+        lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(head, widths)) + "  " + head[-1])
+        lines.append("  " + "  ".join("-" * w for w in widths) + "  " + "-" * len(head[-1]))
+        hang = " " * (2 + sum(w + 2 for w in widths))  # a wrapped worst error stays in its column
+        for kind, row in rows:
+            if kind == "kernel":
+                lines += wrapped("  ".join(c.ljust(w) for c, w in zip(row, kwidths)) + "  " + row[-1])
+            elif kind == "skip":
+                lines += wrapped(f"  skip: {row[0]}", indent="    ")
+            else:
+                lines += wrapped("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1],
+                                 indent=hang)
         for f in self.load_failures:
-            lines.append(f"load failure: {f}")
+            lines += wrapped(f"load failure: {f}")
         if notes:
             lines.append("details:")
-            lines += notes
+            for n in notes:
+                lines += wrapped(f"  {n}", indent="    ")
         n_fail = len(self.failed)
         lines.append(f"{len(self.checked)} kernel(s) checked, {n_fail} failed, "
                      f"{len(self.kernels) - len(self.checked)} skipped, in {self.seconds:.1f} s")

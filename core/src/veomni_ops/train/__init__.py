@@ -10,8 +10,10 @@ binds it, and trains N steps of AdamW on synthetic token data.
       config: {num_hidden_layers: 4}          # optional: overrides of the config's fields
       ops_implementation: {rms_norm_implementation: auto, ...}
     train: {batch_size: 4, seq_len: 128, steps: 20, lr: 1.0e-3, dtype: float32, device: auto, seed: 0,
-            compile: false, compile_backend: inductor, init_device: device,
-            checkpoint_dir: ckpt, checkpoint_every: 100, resume: false}   # optional: sharded checkpoints
+            threads: auto, compile: false, compile_backend: inductor, init_device: device,
+            checkpoint_dir: ckpt, checkpoint_every: 100, resume: false,   # optional: sharded checkpoints
+            gradient_checkpointing: false}   # true: each decoder layer recomputed in the backward
+    data: {packing: true, doc_len: {mean: 512, min: 16, max: 2048, sigma: 1.0}}   # optional: packed documents
     parallel: {dp_shard: 2, sp: 2, ep: 2}    # optional: FSDP2 / Ulysses / experts over torchrun's processes
     lock: qwen3-small.lock.json              # optional: a plan lock (veomni-ops tune), relative to this YAML
 
@@ -20,6 +22,11 @@ anything is built, and every mistake of the file comes in one error: unknown sec
 (with a did-you-mean), values out of range (``batch_size: 0``, ``lr: fast``, ``dtype: fp64``), a
 key given twice, a device torch does not see here (``device: gpu`` names none: write ``cuda``),
 and each named kernel this machine cannot run.
+
+``data:`` (:mod:`~veomni_ops.train.data`): without it, the synthetic rows of every job before it;
+with ``packing: true``, documents of log-normal lengths (``doc_len``) packed into the rows, with
+``position_ids`` restarting at each and its first token's label -100, from ``train.seed`` and the
+step alone (a document that overflows its row is split onto the next).
 
 With ``parallel:`` (or under ``torchrun --nproc-per-node N``) every process is one rank of the job
 (:mod:`veomni_ops.parallel`): the plan is resolved for the layout and its kernels wrapped, the
@@ -54,18 +61,36 @@ default: none before the end) and at the last step, each into ``step-N/``, compl
 all (a save killed midway leaves ``step-N.partial/``, never resumed from). ``resume: true`` (or
 ``--resume``) continues from the latest complete one in checkpoint_dir (an error where there is
 none; ``resume: auto`` then starts from step 0), ``resume: PATH`` (``--resume PATH``) from that
-checkpoint: the losses are those of a run never stopped (bitwise in float32, same layout), and
-a checkpoint written under one layout loads under another (``dp_shard: 2`` -> one process).
-The result reports the whole loss curve, with ``first_step`` and ``resumed_from``. Baselines
-neither write nor resume checkpoints.
+checkpoint: the losses are those of a run never stopped, bitwise in float32 where the layout,
+the plan (the kernel of each op) and the intra-op thread count are the checkpoint's (the
+resumed run takes the checkpoint's thread count unless ``train.threads`` sets one; one that
+differs is said), and a checkpoint written under one layout loads under another (``dp_shard:
+2`` -> one process). The folder is made and written into when the job is read (a folder that
+cannot be written is refused before step 1); each file's size and sha256 are kept and checked
+before a resume reads them; the model's whole config is kept and a resume under another config
+is refused, naming each field that differs. The result reports the whole loss curve, with
+``first_step``, ``resumed_from`` and ``threads``. Baselines neither write nor resume checkpoints.
+
+``train.threads`` (``auto``, or N): the intra-op CPU threads of the run (``torch.set_num_threads``,
+restored after it). ``auto``: torch's count in the process (``OMP_NUM_THREADS``, else the CPUs),
+or, resuming, the count the checkpoint was written at.
 
 ``train.compile: true`` binds with ``veomni_ops.apply(model, ops, compile=True)`` (``auto``
-then picks only kernels that support torch.compile) and wraps the model in
-``torch.compile`` (backend ``train.compile_backend``; under a layout each decoder layer is
-compiled in place after FSDP2, see :func:`veomni_ops.parallel.fsdp.compile_layers`, and the
-graph breaks of the first step are reported). Tokens/s is the median over the steady steps: the first step (allocation,
+then picks only kernels that support torch.compile) and compiles each decoder layer in place
+with ``torch.compile`` (backend ``train.compile_backend``; under a layout after FSDP2), not the
+whole model: the attention mask is then built eagerly, and left out for rows without padding or
+packing, so sdpa keeps its causal kernel (see :func:`veomni_ops.parallel.fsdp.compile_layers`;
+issue 35: the whole model compiled was 2.4x slower than eager at 32k tokens). The graph breaks
+of the first step are reported; the job trains with ``use_cache=False``. A ``+compile``
+baseline compiles the whole model, as its users do. Tokens/s is the median over the steady steps: the first step (allocation,
 autotuning) is excluded, and the first two when compiled (compilation); the spread
 (p25..p75, min..max) of the same steps is shown beside it.
+
+``train.gradient_checkpointing: true`` checkpoints every decoder layer
+(:func:`~veomni_ops.train.model.checkpoint_layers`: transformers' own, non-reentrant), in one
+process, under a layout and compiled; every baseline of the job takes the same setting.
+``--max-seq`` searches for the longest train.seq_len that trains on this device, for the job
+and each baseline (:mod:`~veomni_ops.train.maxseq`); ``--seq-len N`` overrides train.seq_len.
 
 Comparisons, each run in its own process (so its peak memory is its own), all from the first
 config's seed (so the same data):
@@ -112,7 +137,7 @@ from __future__ import annotations
 
 from .baselines import BASELINES, check_baseline, liger_version
 from .command import configure, run
-from .errors import RunFailed, TrainConfigError
+from .errors import CheckpointError, RunFailed, TrainConfigError
 from .job import ARCHITECTURES, SIZES, TRAIN_DEFAULTS, load_job, read_config_file
 from .loop import is_parallel, rate_stats, run_child, train_one
 from .model import build_config, build_model, synthetic_batches
@@ -131,7 +156,7 @@ from .report import (
 
 __all__ = [
     "ARCHITECTURES", "BASELINES", "LOSS_TOL_FP32", "LOSS_TOL_LOW_PRECISION", "LOW_PRECISION_DTYPES", "SIZES",
-    "TRAIN_DEFAULTS", "RunFailed", "TrainConfigError", "build_config", "build_model", "check_baseline", "check_run",
+    "TRAIN_DEFAULTS", "CheckpointError", "RunFailed", "TrainConfigError", "build_config", "build_model", "check_baseline", "check_run",
     "compare", "configure", "default_loss_tol", "is_parallel", "liger_version", "load_job", "plot", "print_report",
     "rate_stats", "read_config_file", "report", "run", "run_child", "synthetic_batches", "tolerance_rule",
     "train_one",

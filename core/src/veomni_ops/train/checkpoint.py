@@ -17,20 +17,36 @@ tensors. The optimizer state (AdamW's moments and step) is keyed by parameter na
 (``flatten_optimizer_state_dict``), so it does not depend on how the parameters are grouped.
 Every rank's RNG state (torch's CPU generator, and the CUDA generator of its GPU where it trains
 on one). And, in ``veomni_ops.json`` (rank 0): the step, the losses so far, the data position's
-identity (the synthetic batches, :func:`~veomni_ops.train.model.synthetic_batches`, are a
-function of ``train.seed``, ``batch_size``, ``seq_len`` and the vocabulary: the position is the
-step), the model and layout it was written by, and versions.
+identity (the synthetic batches, :func:`~veomni_ops.train.data.job_batches`, are a
+function of ``train.seed``, ``batch_size``, ``seq_len``, the vocabulary and the packing's
+document lengths (``data:``): the position is the
+step), the model and layout it was written by, and versions. And what decides whether a resumed
+run's losses are bitwise those of a run never stopped: the intra-op thread count (torch's CPU
+float32 sums, split over threads, round otherwise; a resumed job with ``train.threads: auto``
+takes the checkpoint's), every field of the model's transformers config (:func:`config_fingerprint`)
+and the kernel bound for each op (:func:`plan_fingerprint`). And the size and sha256 of every
+file of the checkpoint.
 
 **Complete or absent.** Every rank writes into ``step-N.partial/``; once DCP has written its
-``.metadata`` (after every rank's data), rank 0 writes ``veomni_ops.json``, renames the folder
-to ``step-N`` (one atomic rename) and every rank waits for that. A run killed mid-save leaves a
-``.partial`` folder, which resuming never picks and the next save of that step replaces.
+``.metadata`` (after every rank's data), the ranks hash the files (each its share), rank 0
+writes ``veomni_ops.json`` with the hashes, renames the folder to ``step-N`` (one atomic
+rename) and every rank waits for that. A run killed mid-save leaves a ``.partial`` folder,
+which resuming never picks and the next save of that step replaces. A save the disk refuses
+(DCP's ``CheckpointException``, or an ``OSError`` of ours) is a :class:`CheckpointError` on
+every rank, naming the checkpoint, the rank and the file; the folder itself is tried (made and
+written into) when the job is read, before step 1.
 
-**Resuming.** The model and optimizer are built as for a fresh run, then checked against the
-checkpoint: every parameter's and optimizer tensor's name and global shape (a checkpoint of
-another model is refused, naming the differences), the data's identity, and that steps are
-left. DCP then reads each rank's part, whatever layout wrote it (written under ``dp_shard: 2``,
-read in one process, or the reverse). The data continues at the next batch, the RNG states are
+**Resuming.** Every file of the checkpoint is checked against the size and sha256 it was
+written with (each rank its share), before anything is read: a missing, truncated or altered
+file is refused, naming it. A checkpoint of an earlier veomni-ops, without hashes, is read with
+a warning that its files are not verified. The model and optimizer are built as for a fresh
+run, then checked against the checkpoint: every field of the model's config and every
+parameter's and optimizer tensor's name and global shape (a checkpoint of another model is
+refused, naming each difference), the data's identity, and that steps are left. Another plan
+(another kernel for an op), another thread count or another layout is accepted and said: the
+losses then differ by rounding from those of a run never stopped. DCP then reads each rank's
+part, whatever layout wrote it (written under ``dp_shard: 2``, read in one process, or the
+reverse). The data continues at the next batch, the RNG states are
 restored (a rank the checkpoint has none for, when there are more ranks than wrote it, takes
 rank 0's: a fresh job seeds every rank alike too), the job's ``train.lr`` applies, and the run
 reports the whole loss curve: the checkpoint's losses, then its own.
@@ -46,6 +62,7 @@ Not yet: keeping only the last N checkpoints (every one is kept).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -56,7 +73,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from .errors import TrainConfigError
+from .errors import CheckpointError, TrainConfigError
 
 #: the file of a checkpoint that says what wrote it (rank 0 writes it last, before the rename)
 INFO = "veomni_ops.json"
@@ -65,6 +82,22 @@ DCP_METADATA = ".metadata"
 PARTIAL = ".partial"
 FORMAT = 1
 _NAME = re.compile(r"^step-(\d{8,})$")
+#: Fields of the model's transformers config that a resumed run may change, with why: none
+#: changes what the model computes from the weights it loads. Every other field is compared.
+CONFIG_FIELDS_IGNORED = {
+    "transformers_version": "the versions are recorded apart",
+    "_name_or_path": "a label", "architectures": "a label",
+    "dtype": "train.dtype decides it (a resume in another dtype is said)",
+    "torch_dtype": "train.dtype decides it (a resume in another dtype is said)",
+    "attn_implementation": "the plan binds attention (its kernel is compared with the plan)",
+    "_attn_implementation": "the plan binds attention (its kernel is compared with the plan)",
+    "use_cache": "the KV cache of generation; training has none",
+    "return_dict": "the form of the outputs", "output_attentions": "the form of the outputs",
+    "output_hidden_states": "the form of the outputs",
+    "id2label": "the labels of classification heads", "label2id": "the labels of classification heads",
+    "problem_type": "the loss of classification heads",
+    "initializer_range": "the initial weights only: a resumed run loads its weights",
+}
 
 
 def checkpoint_name(step: int) -> str:
@@ -160,7 +193,8 @@ class Checkpointer:
     """Saves and loads the checkpoints of one run (this rank's part of them): ``model`` and
     ``opt`` as built for the run on ``device``, ``rt`` its parallel runtime (None: one process)."""
 
-    def __init__(self, job: dict[str, Any], model, opt, device: str, rt=None, out=sys.stderr):
+    def __init__(self, job: dict[str, Any], model, opt, device: str, rt=None, out=sys.stderr,
+                 kernels: dict[str, str] | None = None):
         t = job["train"]
         self.job, self.train = job, t
         self.directory: str | None = t.get("checkpoint_dir")
@@ -170,6 +204,9 @@ class Checkpointer:
         self.rank = rt.rank if rt is not None else 0
         self.device = str(device)
         self._mesh = None  # the (ep, edp) mesh of the experts, made on first use (ep > 1)
+        self.config = config_fingerprint(self.model.config)
+        #: the kernel bound for each op (:func:`plan_fingerprint`)
+        self.kernels = dict(kernels or {})
 
     # -- what it holds -------------------------------------------------------------------------
     def _options(self):
@@ -229,7 +266,18 @@ class Checkpointer:
             state["cuda"] = torch.cuda.get_rng_state(torch.device(self.device))
         return state
 
+    def _data(self, vocab: int) -> dict[str, Any]:
+        """The identity of the job's batches (:func:`~veomni_ops.train.data.job_batches`): packed,
+        the document lengths too (a checkpoint of unpacked rows has no ``packing``: None)."""
+        from .data import packing
+
+        t = self.train
+        pack = packing(self.job)
+        return {"seed": t["seed"], "batch_size": t["batch_size"], "seq_len": t["seq_len"], "vocab_size": vocab,
+                **({"packing": pack["doc_len"]} if pack is not None else {})}
+
     def info(self, step: int, losses: list[float], vocab: int) -> dict[str, Any]:
+        """What ``veomni_ops.json`` holds, but for the files' hashes (:meth:`save` adds them)."""
         import torch
 
         from .. import __version__
@@ -238,10 +286,11 @@ class Checkpointer:
         layout = self.rt.layout.to_dict() if self.rt is not None else None
         return {
             "format": FORMAT, "step": step, "losses": list(losses),
-            "data": {"seed": t["seed"], "batch_size": t["batch_size"], "seq_len": t["seq_len"], "vocab_size": vocab},
+            "data": self._data(vocab),
             "model": {"architecture": job.get("architecture"), "size": job.get("size"),
                       "config_file": job.get("config_file"), "overrides": job.get("overrides") or {},
                       "dtype": t["dtype"]},
+            "config": self.config, "plan": self.kernels, "threads": torch.get_num_threads(),
             "layout": layout, "world_size": self.rt.world_size if self.rt is not None else 1,
             "versions": {"torch": torch.__version__, "veomni_ops": __version__},
             "job": job.get("path"), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -254,27 +303,77 @@ class Checkpointer:
                                                (self.every > 0 and step % self.every == 0))
 
     def save(self, step: int, losses: list[float], vocab: int) -> str:
-        """Write the checkpoint of ``step`` (a collective: every rank calls it). Returns its path."""
+        """Write the checkpoint of ``step`` (a collective: every rank calls it). Returns its path.
+        A write the disk refuses, on any rank, is a :class:`CheckpointError` on every rank."""
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
 
         assert self.directory is not None
         t0 = time.perf_counter()
         final = os.path.join(self.directory, checkpoint_name(step))
         tmp = final + PARTIAL
+        what = f"cannot write the checkpoint of step {step} ({final})"
+        fix = (f"make train.checkpoint_dir {self.directory} writable, with room for a checkpoint (its owner, "
+               "permissions, disk space), or name another folder; then resume (--resume: from the latest complete "
+               "checkpoint there, none of which this save touched)")
+        error = None
         if self.rank == 0:
-            os.makedirs(self.directory, exist_ok=True)
-            shutil.rmtree(tmp, ignore_errors=True)  # a save of this step that a killed run left half-written
-        self._barrier()
+            try:
+                os.makedirs(self.directory, exist_ok=True)
+                shutil.rmtree(tmp, ignore_errors=True)  # a save of this step that a killed run left half-written
+            except OSError as e:
+                error = _os_error(e)
+        self._agree(what, fix, error)  # the barrier before DCP's save
         _, _, msd, osd = self._sharded_state()
-        with self._dcp():
-            dcp.save({"model": msd, "optim": osd, "rng": {f"rank{self.rank}": self._rng()}}, checkpoint_id=tmp,
-                     no_dist=self.rt is None)
-        if self.rank == 0:  # DCP's .metadata is written: every rank's data is
-            _write_json(os.path.join(tmp, INFO), self.info(step, losses, vocab))
-            _commit(tmp, final)
-        self._barrier()
+        try:
+            with self._dcp():
+                dcp.save({"model": msd, "optim": osd, "rng": {f"rank{self.rank}": self._rng()}}, checkpoint_id=tmp,
+                         no_dist=self.rt is None)
+        except CheckpointException as e:  # a BaseException: it would pass every `except Exception`
+            raise CheckpointError(f"{what}: {_failures(e)}; {fix}") from None
+        # DCP's .metadata is written: every rank's data is. Each rank hashes its share of the files.
+        names = sorted(n for n in os.listdir(tmp) if n != INFO)
+        digests: dict[str, dict[str, Any]] = {}
+        error = None
+        try:
+            for name in names[self.rank::self._world()]:
+                digests[name] = _digest(os.path.join(tmp, name))
+        except OSError as e:
+            error = _os_error(e)
+        files: dict[str, dict[str, Any]] = {}
+        for part in self._agree(what, fix, error, digests):
+            files.update(part)
+        error = None
+        if self.rank == 0:
+            try:
+                _write_json(os.path.join(tmp, INFO), {**self.info(step, losses, vocab), "files": files})
+                _commit(tmp, final)
+            except OSError as e:
+                error = _os_error(e)
+        self._agree(what, fix, error)  # every rank waits for the commit
         print(f"checkpoint: step {step} -> {final} ({time.perf_counter() - t0:.2f} s)", file=self.out, flush=True)
         return final
+
+    def _world(self) -> int:
+        return self.rt.world_size if self.rt is not None else 1
+
+    def _agree(self, what: str, fix: str, error: str | None, value: Any = None) -> list[Any]:
+        """Every rank's ``value`` (a collective, and so a barrier), once every rank said its
+        ``error`` (None: none): where any did, a :class:`CheckpointError` on every rank, naming
+        each rank's, so that no rank goes on to a collective that the others never reach."""
+        if self.rt is None:
+            errors, values = [error], [value]
+        else:
+            import torch.distributed as dist
+
+            both: list[Any] = [None] * self.rt.world_size
+            dist.all_gather_object(both, (error, value))
+            errors, values = [e for e, _ in both], [v for _, v in both]
+        said = [(r, e) for r, e in enumerate(errors) if e is not None]
+        if said:
+            where = "; ".join(e if self.rt is None else f"rank {r}: {e}" for r, e in said)
+            raise CheckpointError(f"{what}: {where}; {fix}")
+        return values
 
     @contextlib.contextmanager
     def _dcp(self) -> Iterator[None]:
@@ -284,32 +383,38 @@ class Checkpointer:
                 warnings.filterwarnings("ignore", message="torch.distributed is .*single process")
             yield
 
-    def _barrier(self) -> None:
-        if self.rt is not None:
-            import torch.distributed as dist
-
-            dist.barrier()
-
     # -- loading -------------------------------------------------------------------------------
     def load(self, path: str, vocab: int) -> tuple[int, list[float]]:
         """Load the checkpoint at ``path`` into the model, optimizer and RNG (a collective).
         Returns (its step, its losses)."""
         import torch
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
         info = read_info(path)
         self._check_job(path, info, vocab)
+        verified = self._verify_files(path, info)
         msd, osd, whole_msd, whole_osd = self._sharded_state()
-        meta = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
-        self._check_tensors(path, info, meta, {**_prefixed("model", whole_msd), **_prefixed("optim", whole_osd)})
+        try:
+            meta = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+        except Exception as e:  # unpickling a damaged file fails in many ways; each is this one refusal
+            raise CheckpointError(f"{path}: cannot read DCP's {DCP_METADATA} ({type(e).__name__}: {e}): the "
+                                  f"checkpoint is damaged; {_earlier(path)}") from None
+        self._check_tensors(path, info, meta, {**_prefixed("model", whole_msd), **_prefixed("optim", whole_osd)},
+                            config_differences(info.get("config"), self.config))
         who = f"rank{self.rank}" if f"rng.rank{self.rank}.cpu" in meta else "rank0"
         mine = self._rng()
         rng = {k: torch.empty(tuple(meta[f"rng.{who}.{k}"].size), dtype=torch.uint8)  # type: ignore[union-attr]
                for k in mine if f"rng.{who}.{k}" in meta}
-        with self._dcp():
-            dcp.load({"model": whole_msd, "optim": whole_osd, "rng": {who: rng}}, checkpoint_id=path,
-                     no_dist=self.rt is None)
+        try:
+            with self._dcp():
+                dcp.load({"model": whole_msd, "optim": whole_osd, "rng": {who: rng}}, checkpoint_id=path,
+                         no_dist=self.rt is None)
+        except CheckpointException as e:  # a BaseException: it would pass every `except Exception`
+            damaged = "" if verified else " (its files were not verified: it has no hashes)"
+            raise CheckpointError(f"{path}: cannot read the checkpoint{damaged}: {_failures(e)}; "
+                                  f"{_earlier(path)}") from None
         # DCP loaded tensors in place (the experts' views share their storage) and values (the
         # optimizer's hyperparameters) into the dicts it was given: take those, with the tensors
         # the model and optimizer have
@@ -325,28 +430,83 @@ class Checkpointer:
         notes = [f"written by {info['world_size']} process(es)"] if info.get("world_size") else []
         if written and written != self.train["dtype"]:
             notes.append(f"written in {written}, cast to {self.train['dtype']}")
+        notes += self._not_bitwise(info)
         print(f"resumed: step {step} <- {path}" + (f" ({'; '.join(notes)})" if notes else ""), file=self.out,
               flush=True)
+        missing = [what for key, what in (("files", "no hashes: its files are not verified"),
+                                          ("config", "no config fingerprint: only its tensors' names and shapes are "
+                                                     "checked against this model"),
+                                          ("threads", "no thread count"), ("plan", "no plan")) if key not in info]
+        if missing:
+            print(f"warning: {path} was written by an earlier veomni-ops ({info.get('versions', {}).get('veomni_ops')})"
+                  f": {'; '.join(missing)}. The next checkpoint this run writes has them", file=self.out, flush=True)
         return step, losses
+
+    def _not_bitwise(self, info: dict[str, Any]) -> list[str]:
+        """What of this run differs from the run that wrote the checkpoint in a way that keeps
+        the model but changes the rounding, so that the losses are not bitwise those of a run
+        never stopped: the thread count (``train.threads`` set to another), the plan."""
+        import torch
+
+        notes = []
+        threads = torch.get_num_threads()
+        if isinstance(info.get("threads"), int) and info["threads"] != threads:
+            notes.append(f"at {threads} intra-op thread(s), written at {info['threads']} (train.threads): the losses "
+                         "differ by rounding from a run never stopped")
+        if isinstance(info.get("plan"), dict) and info["plan"] != self.kernels:
+            old, new = info["plan"], self.kernels
+            changed = [f"{op}: {old.get(op, '(not bound)')} -> {new.get(op, '(not bound)')}"
+                       for op in sorted({*old, *new}) if old.get(op) != new.get(op)]
+            notes.append(f"another plan than the checkpoint's ({', '.join(changed)}): the losses differ by rounding "
+                         "from a run never stopped")
+        return notes
+
+    def _verify_files(self, path: str, info: dict[str, Any]) -> bool:
+        """Every file of the checkpoint has the size and sha256 it was written with (each rank
+        checks its share; a collective), before DCP reads any: else a :class:`CheckpointError`
+        naming each file. False where the checkpoint has no hashes (an earlier veomni-ops)."""
+        files = info.get("files")
+        if not isinstance(files, dict):
+            return False
+        problems = []
+        for name in sorted(files)[self.rank::self._world()]:
+            file, want = os.path.join(path, name), files[name]
+            try:
+                size = os.path.getsize(file)
+                if size != want.get("bytes"):
+                    problems.append(f"{name} is {size} bytes, {want.get('bytes')} when written (truncated, or "
+                                    "written over)")
+                elif _digest(file)["sha256"] != want.get("sha256"):
+                    problems.append(f"{name} has another sha256 than when written (altered: a bit flipped on the "
+                                    "disk, or in a copy)")
+            except FileNotFoundError:
+                problems.append(f"{name} is missing")
+            except OSError as e:
+                problems.append(f"{name} cannot be read ({_os_error(e)})")
+        self._agree(f"{path}: the checkpoint is damaged", _earlier(path), "; ".join(problems) or None)
+        return True
 
     def _check_job(self, path: str, info: dict[str, Any], vocab: int) -> None:
         t = self.train
         data = info.get("data") or {}
-        ours = {"seed": t["seed"], "batch_size": t["batch_size"], "seq_len": t["seq_len"], "vocab_size": vocab}
+        ours = {"packing": None, **self._data(vocab)}
         differ = [f"{k} {data.get(k)!r} there, {v!r} here" for k, v in ours.items() if data.get(k) != v]
         if differ:
             raise TrainConfigError(f"{path}: the checkpoint's data differ from this job's ({'; '.join(differ)}): the "
                                    "synthetic batches, and so where the data stands, depend on train.seed, "
-                                   "batch_size, seq_len and the vocabulary; resume with the values it was written "
-                                   "with, or write a fresh checkpoint_dir")
+                                   "batch_size, seq_len, the vocabulary and the packing (data.packing, doc_len; "
+                                   "None: unpacked); resume with the values it was written with, or write a fresh "
+                                   "checkpoint_dir")
         if info["step"] >= int(t["steps"]):
             raise TrainConfigError(f"{path}: the checkpoint is at step {info['step']} and train.steps is {t['steps']}: "
                                    "nothing is left to train; raise train.steps (or --steps) to train on")
 
-    def _check_tensors(self, path: str, info: dict[str, Any], meta: dict[str, Any], ours: dict[str, Any]) -> None:
+    def _check_tensors(self, path: str, info: dict[str, Any], meta: dict[str, Any], ours: dict[str, Any],
+                       config: list[str]) -> None:
         """Every tensor of this run's model and optimizer is in the checkpoint with its global
-        shape, and the checkpoint's model has no tensor this one lacks: else an error naming the
-        model's differences (the optimizer's, where the model's are none)."""
+        shape, and the checkpoint's model has no tensor this one lacks, and ``config`` (the
+        config fields that differ, :func:`config_differences`) is empty: else an error naming the
+        model's differences (the optimizer's, where the model's are none) and every such field."""
         def shape(x) -> tuple[int, ...] | None:
             size = getattr(x, "size", None)
             return tuple(size) if size is not None and not callable(size) else None
@@ -366,6 +526,8 @@ class Checkpointer:
                     parts.append(f"{label}: {', '.join(names[:3])}{more}")
             if parts:
                 break
+        if config:
+            parts.append(f"config fields that differ (the checkpoint's -> this job's): {', '.join(config)}")
         if not parts:
             return
         m = info.get("model") or {}
@@ -419,3 +581,81 @@ def _commit(tmp: str, final: str) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def config_fingerprint(config) -> dict[str, Any]:
+    """Every field of the model's transformers ``config`` (as the job built it: the preset or
+    file, then the overrides) as JSON, but those of :data:`CONFIG_FIELDS_IGNORED`."""
+    fields = json.loads(config.to_json_string(use_diff=False))
+    return {k: v for k, v in fields.items() if k not in CONFIG_FIELDS_IGNORED}
+
+
+def config_differences(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
+    """Each field that differs between two :func:`config_fingerprint` s, ``field: old -> new``
+    (a nested field by its dotted name, ``rope_parameters.rope_theta``); none where ``old`` is
+    None (a checkpoint of an earlier veomni-ops, which recorded none)."""
+    if old is None:
+        return []
+    a, b = _flat(old), _flat(json.loads(json.dumps(new)))
+    absent = object()
+    out = []
+    for key in sorted({*a, *b}):
+        x, y = a.get(key, absent), b.get(key, absent)
+        if x != y:
+            out.append(f"{key}: {'(absent)' if x is absent else json.dumps(x)} -> "
+                       f"{'(absent)' if y is absent else json.dumps(y)}")
+    return out
+
+
+def _flat(fields: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in fields.items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def plan_fingerprint(binding) -> dict[str, str]:
+    """The kernel bound for each op and variant of a bound model, ``{"rms_norm/standard": "liger
+    (veomni-liger)"}``: what ``binding`` (``veomni_ops.apply``'s) bound, at one place or more."""
+    out = {}
+    for _, op, variant, kernel in binding.bound:
+        entry = binding.plan.get(op, variant)
+        out[f"{op}/{variant}"] = kernel + (f" ({entry.distribution})" if entry is not None else "")
+    return dict(sorted(out.items()))
+
+
+def _digest(path: str) -> dict[str, Any]:
+    """The size and sha256 of the file at ``path``, as ``veomni_ops.json`` keeps them."""
+    with open(path, "rb") as fh:
+        return {"bytes": os.fstat(fh.fileno()).st_size, "sha256": hashlib.file_digest(fh, "sha256").hexdigest()}
+
+
+def _os_error(e: OSError) -> str:
+    text = f"{type(e).__name__}: {e.strerror or e}"
+    return text + (f": {os.fsdecode(e.filename)}" if e.filename else "")
+
+
+def _failures(e: BaseException) -> str:
+    """What DCP's ``CheckpointException`` ``e`` says failed: each rank's exception (an OSError
+    with the file it names)."""
+    failures = getattr(e, "failures", None) or {}
+    parts = []
+    for rank, (exc, _) in sorted(failures.items()):
+        text = _os_error(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
+        parts.append(f"rank {rank}: {text}")
+    return "; ".join(parts) or str(e)
+
+
+def _earlier(path: str) -> str:
+    """The fix for a checkpoint that cannot be read: an earlier one of its folder, where there is one."""
+    path = os.path.normpath(path)
+    m = _NAME.match(os.path.basename(path))
+    earlier = [p for s, p in complete_checkpoints(os.path.dirname(path)) if m and s < int(m.group(1))]
+    if earlier:
+        return (f"resume from an earlier checkpoint (--resume {earlier[-1]}, or train.resume: that path), or copy "
+                "this one again from where it came from")
+    return ("copy it again from where it came from, or train from step 0 (without resume) into a fresh "
+            "checkpoint_dir")

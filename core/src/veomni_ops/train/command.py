@@ -8,12 +8,14 @@ import json
 import math
 import os
 import sys
+import tempfile
 from typing import Any
 
-from .baselines import BASELINES, check_baseline, check_in_ranks, compile_apply
+from .baselines import BASELINES, FSDP2_BASELINES, check_baseline, check_in_ranks, compile_apply
 from .errors import RunFailed, TrainConfigError
-from .job import check_checkpointing, load_job
+from .job import _step_memory, check_checkpointing, load_job
 from .loop import is_parallel, rank, run_child, train_one
+from .maxseq import DEFAULT_GRANULARITY, DEFAULT_PROBES, DEFAULT_STEPS
 from .peers import run_in_ranks
 from .report import LOSS_TOL_FP32, LOSS_TOL_LOW_PRECISION, compare, finite_json, plot, print_report, report
 
@@ -25,6 +27,17 @@ def _positive_int(text: str) -> int:
         n = 0
     if n < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number of steps >= 1, got {text!r}")
+    return n
+
+
+def _seq_len(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 2:
+        raise argparse.ArgumentTypeError(f"expected a whole number of tokens >= 2 (the loss predicts each next token), "
+                                         f"got {text!r}")
     return n
 
 
@@ -52,6 +65,21 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "when any run is bfloat16/float16")
     p.add_argument("--steps", type=_positive_int, metavar="N", help="override train.steps (of every run)")
     p.add_argument("--seed", type=int, help="override train.seed (of every run)")
+    p.add_argument("--seq-len", type=_seq_len, metavar="N", help="override train.seq_len (of every run)")
+    p.add_argument("--max-seq", action="store_true",
+                   help="search for the longest train.seq_len that trains on this device, for CONFIG's job and each "
+                        "--baseline: short runs (probes) in fresh processes, doubling from train.seq_len until one "
+                        "runs out of memory, then bisecting; prints each probe with its peak memory")
+    p.add_argument("--max-seq-upto", type=_seq_len, metavar="N",
+                   help="--max-seq probes no seq_len past N (default: the longest whose lower bound of a step's memory "
+                        "fits the device)")
+    p.add_argument("--max-seq-probes", type=_positive_int, metavar="N", default=DEFAULT_PROBES,
+                   help=f"--max-seq stops after N probes of each run (default {DEFAULT_PROBES})")
+    p.add_argument("--max-seq-granularity", type=_positive_int, metavar="N", default=DEFAULT_GRANULARITY,
+                   help="--max-seq bisects on multiples of N tokens (made a multiple of parallel.sp; default "
+                        f"{DEFAULT_GRANULARITY})")
+    p.add_argument("--max-seq-steps", type=_positive_int, metavar="N", default=DEFAULT_STEPS,
+                   help=f"the steps of each --max-seq probe (default {DEFAULT_STEPS})")
     p.add_argument("--json", action="store_true", help="print the results as JSON on stdout (progress on stderr)")
     p.add_argument("--plot", metavar="PATH.png", help="draw every run's loss curve and tokens/s into a PNG "
                                                       "(needs matplotlib)")
@@ -72,6 +100,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     # A trial of veomni-ops tune (its ProcessTimer, with --result-file): the job read as the tune
     # reads it, bound with --lock only (none: the static plan), neither resuming nor checkpointing.
     p.add_argument("--tune-trial", action="store_true", help=argparse.SUPPRESS)
+    # A probe of --max-seq (with --result-file): the job at --seq-len, neither resuming nor checkpointing.
+    p.add_argument("--max-seq-probe", action="store_true", help=argparse.SUPPRESS)
 
 
 def _load(path: str, args: argparse.Namespace, main: bool = True) -> dict[str, Any]:
@@ -85,7 +115,7 @@ def _load(path: str, args: argparse.Namespace, main: bool = True) -> dict[str, A
         job["lock"] = LockFile(args.lock, explicit=True, origin="--lock")
     elif trial:
         job["lock"] = False  # the static plan: not the job's lock: key, nor VEOMNI_OPS_LOCK
-    if trial:
+    if trial or (main and getattr(args, "max_seq_probe", False)):
         job["train"].update(checkpoint_dir=None, resume=False)
     if main and getattr(args, "resume", None) is not None:
         job["train"]["resume"] = True if args.resume is True else os.path.abspath(args.resume)
@@ -94,6 +124,11 @@ def _load(path: str, args: argparse.Namespace, main: bool = True) -> dict[str, A
         job["train"]["seed"] = args.seed
     if args.steps is not None:
         job["train"]["steps"] = args.steps
+    if getattr(args, "seq_len", None) is not None:
+        job["train"]["seq_len"] = args.seq_len
+        problems = _step_memory(job, here=not trial)  # checked again at the new length, as the loader checks it
+        if problems:
+            raise TrainConfigError(f"{path}: --seq-len {args.seq_len}: {problems[0]}", problems)
     return job
 
 
@@ -108,7 +143,13 @@ def _run_as_child(args: argparse.Namespace) -> int:
     from ..resolve import ResolutionError
 
     try:
-        res = train_one(_load(args.config, args), baseline=args.as_baseline)
+        job = _load(args.config, args)
+        if args.as_baseline in FSDP2_BASELINES:  # a probe of --max-seq: under torch.distributed.run
+            from .peers import train_baseline_in_ranks
+
+            res = train_baseline_in_ranks(job, args.as_baseline)
+        else:
+            res = train_one(job, baseline=args.as_baseline)
     except Exception as e:
         refusal = isinstance(e, (ConfigError, TrainConfigError, FileNotFoundError, ResolutionError, BindingError,
                                  DeviceError, PluginLoadError, LockError))
@@ -119,11 +160,13 @@ def _run_as_child(args: argparse.Namespace) -> int:
             traceback.print_exc()
         elif not refusal:
             message += f" (set {ENV_TRACE}=1 for the traceback)"
-        with open(args.result_file, "w") as fh:
-            json.dump({"error": message, "kind": type(e).__name__}, fh)
+        if rank() == 0:  # the ranks of a parallel child end with rank 0's error (FailureGuard): it writes
+            with open(args.result_file, "w") as fh:
+                json.dump({"error": message, "kind": type(e).__name__}, fh)
         return 1
-    with open(args.result_file, "w") as fh:
-        json.dump(res, fh)
+    if rank() == 0:
+        with open(args.result_file, "w") as fh:
+            json.dump(res, fh)
     return 0
 
 
@@ -131,6 +174,8 @@ def run(args: argparse.Namespace) -> int:
     if args.result_file:  # child mode: a failure is written for the parent to report, in one line
         return _run_as_child(args)
     job = _load(args.config, args)
+    if args.max_seq:
+        return _max_seq(job, args)
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         raise TrainConfigError("--plot needs matplotlib, which is not installed here: pip install matplotlib")
     parallel = is_parallel(job)
@@ -168,6 +213,7 @@ def run(args: argparse.Namespace) -> int:
         for i, (path, baseline, title) in enumerate(specs):
             print(f"== {title}", file=human, flush=True)
             mine = {"lock": args.lock, "resume": args.resume} if i == 0 else {}  # --lock and --resume are CONFIG's
+            mine["seq_len"] = args.seq_len  # every run's
             runs.append(run_child(path, seed, args.steps, baseline, defaults=args.defaults,
                                   **{k: v for k, v in mine.items() if v}))
     rep = report(runs, list(range(1, len(runs))), args.loss_tol)
@@ -192,3 +238,85 @@ def run(args: argparse.Namespace) -> int:
               f"{rep['rule']}", file=sys.stderr)
         return 1
     return 0
+
+
+def _max_seq(job: dict[str, Any], args: argparse.Namespace) -> int:
+    """``--max-seq``: the longest train.seq_len that trains here, for the job and each baseline
+    (:mod:`veomni_ops.train.maxseq`). Exits 1 where a probe failed other than out of memory."""
+    from .maxseq import child_probe, device_memory, granularity_for, memory_bound, search
+
+    if args.compare or args.plot or args.resume is not None:
+        used = [o for o, v in (("--compare", args.compare), ("--plot", args.plot), ("--resume", args.resume))
+                if v is not None]
+        raise TrainConfigError(f"--max-seq searches CONFIG's job and its --baseline runs only; drop {', '.join(used)}")
+    layout = job["parallel"]
+    if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
+        raise TrainConfigError("--max-seq starts the ranks of each probe itself (torch.distributed.run, one probe at "
+                               f"a time); run it without torchrun: veomni-ops train {job['path']} --max-seq")
+    world = layout.world_size if layout is not None and not layout.is_trivial else 1
+    for name in args.baseline:
+        check_in_ranks(name, job, world > 1)
+        check_baseline(name, job)
+    human = sys.stderr if args.json else sys.stdout
+    memory, where = device_memory(job)
+    bound = memory_bound(job, memory)
+    upper = min(x for x in (bound, args.max_seq_upto, 2 ** 40) if x is not None)
+    start = int(job["train"]["seq_len"])
+    if start > upper:
+        raise TrainConfigError(f"--max-seq-upto {upper} is below the job's train.seq_len {start}: the search starts "
+                               "at train.seq_len; raise --max-seq-upto or lower train.seq_len")
+    grain = granularity_for(args.max_seq_granularity, layout.sp if layout is not None else 1)
+    why_upper = (f"--max-seq-upto {args.max_seq_upto}" if args.max_seq_upto is not None and args.max_seq_upto == upper
+                 else f"the longest whose lower bound of a step's memory fits {where}")
+    print(f"== --max-seq: {job['path']}, batch_size {job['train']['batch_size']}, {args.max_seq_steps} step(s) a "
+          f"probe{f', {world} ranks' if world > 1 else ''}; from seq_len {start:,}, doubling, then bisecting on "
+          f"multiples of {grain:,}; at most {args.max_seq_probes} probes and seq_len {upper:,} ({why_upper})",
+          file=human, flush=True)
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="veomni-ops-max-seq-") as logs:
+        for baseline in [None, *args.baseline]:
+            title = f"baseline {baseline}" if baseline else os.path.basename(job["path"])
+            print(f"== {title}", file=human, flush=True)
+            inner = child_probe(job["path"], baseline=baseline, steps=args.max_seq_steps, world=world,
+                                seed=args.seed, lock=args.lock if baseline is None else None, defaults=args.defaults,
+                                log_dir=logs)
+
+            def probe(seq_len: int, inner=inner):
+                p = inner(seq_len)
+                said = {"ok": f"trains, {p.peak_kind} {p.peak_gib or 0:.2f} GiB", "oom": f"out of memory: {p.message}",
+                        "error": f"FAILED: {p.message}"}[p.status]
+                print(f"  seq_len {seq_len:>9,}: {said} ({p.seconds or 0:.1f} s)", file=human, flush=True)
+                return p
+
+            found = search(probe, start, upper, grain, args.max_seq_probes)
+            runs.append({"run": title, "baseline": baseline, **found})
+            if found["stopped"] == "error":
+                break
+    _print_max_seq(runs, human)
+    failed = [r for r in runs if r["stopped"] == "error"]
+    out = {"max_seq": runs, "memory_bytes": memory, "memory": where, "bound": bound, "upper": upper,
+           "granularity": grain, "steps": args.max_seq_steps, "batch_size": job["train"]["batch_size"],
+           "passed": not failed}
+    if args.json:
+        print(json.dumps(finite_json(out), indent=2))
+    if failed:
+        r = failed[0]
+        print(f"veomni-ops train --max-seq: {r['run']}: the probe at seq_len {r['probes'][-1]['seq_len']:,} failed "
+              f"other than out of memory, so the search stopped: {r['error']}", file=sys.stderr)
+        return 1
+    return 0
+
+
+_STOPPED = {"bisected": "bisected to the granularity", "bound": "the bound trained", "probe limit":
+            "probe limit reached", "error": "a probe failed", "nothing trains": "nothing trains, down to seq_len 2"}
+
+
+def _print_max_seq(runs: list[dict[str, Any]], out) -> None:
+    width = max(len("run"), *(len(r["run"]) for r in runs)) + 2
+    print(f"\n== longest train.seq_len that trains\n  {'run':<{width}}{'longest':>10}{'first failing':>15}"
+          f"{'probes':>8}  stopped", file=out)
+    for r in runs:
+        longest = "-" if r["longest"] is None else f"{r['longest']:,}"
+        failing = "-" if r["first_failed"] is None else f"{r['first_failed']:,}"
+        print(f"  {r['run']:<{width}}{longest:>10}{failing:>15}{len(r['probes']):>8}  {_STOPPED[r['stopped']]}",
+              file=out)

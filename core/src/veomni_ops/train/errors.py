@@ -13,5 +13,11 @@ class TrainConfigError(ValueError):
         self.problems: tuple[str, ...] = tuple(problems) if problems is not None else (message,)
 
 
+class CheckpointError(TrainConfigError):
+    """A checkpoint cannot be written or read: the disk refused (permissions, space), or a file
+    of it is missing, truncated or altered. The message names the checkpoint, the rank and file
+    where known, and the fix; the CLI reports it as a refusal (``--json``: ``{"error", "kind"}``)."""
+
+
 class RunFailed(RuntimeError):
     """A training run in a child process failed (its output is above)."""

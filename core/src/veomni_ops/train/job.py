@@ -1,4 +1,4 @@
-"""The job YAML of ``veomni-ops train``: its model, ops and train sections, checked and
+"""The job YAML of ``veomni-ops train``: its model, ops, train and data sections, checked and
 filled with defaults (see :mod:`veomni_ops.train` for the format)."""
 
 from __future__ import annotations
@@ -31,9 +31,13 @@ SIZES: dict[str, dict[str, Any]] = {
 }
 
 TRAIN_DEFAULTS: dict[str, Any] = dict(batch_size=4, seq_len=128, steps=20, lr=1e-3, dtype="float32",
-                                      device="auto", seed=0, compile=False,
+                                      device="auto", seed=0, threads="auto", compile=False,
                                       compile_backend="inductor", init_device="device",
-                                      checkpoint_dir=None, checkpoint_every=0, resume=False)
+                                      checkpoint_dir=None, checkpoint_every=0, resume=False,
+                                      gradient_checkpointing=False)
+
+#: The train fields that are true or false (null, ``compile:`` with no value, is refused as every field's is).
+TRAIN_BOOLEANS = ("compile", "gradient_checkpointing")
 
 #: Where train.init_device builds the model: on train.device (``device``), or on the meta device
 #: (``meta``: no memory; materialised after FSDP2 sharded it, then given the weights the normal
@@ -41,14 +45,15 @@ TRAIN_DEFAULTS: dict[str, Any] = dict(batch_size=4, seq_len=128, steps=20, lr=1e
 INIT_DEVICES = ("device", "meta")
 
 
-#: What train.dtype may be (torch dtype names), and spellings people write for them.
-DTYPES = ("float32", "bfloat16", "float16", "float64")
+#: What train.dtype may be (torch dtype names; the bytes of one element), and spellings people write for them.
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
+DTYPES = tuple(DTYPE_BYTES)
 DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16",
                  "fp64": "float64", "double": "float64"}
 #: torch device types train.device may name (with an index: cuda:1), besides auto.
 TRAIN_DEVICES = ("cpu", "cuda", "mps", "xpu", "npu")
 #: The job's sections, and the model section's fields.
-SECTIONS = ("model", "train", "parallel", "lock")
+SECTIONS = ("model", "train", "data", "parallel", "lock")
 MODEL_FIELDS = ("architecture", "size", "config_file", "config", "ops_implementation")
 
 
@@ -74,9 +79,14 @@ def load_job(path: str, here: bool = True, defaults: str = "auto") -> dict[str, 
     problems += _unknown(data, SECTIONS, "section", "")
     model = _section(data, "model", problems, required=True)
     job = _load_model(path, model, problems, defaults)
+    problems += _config_overrides(job)
     job["train"] = train = _load_train(data.get("train"), problems, here)
+    job["data"] = _load_data(data, train, problems)
     job["parallel"] = _load_parallel(data.get("parallel"), train, problems)
+    problems += _step_memory(job, here)
     problems += _load_checkpointing(path, train, here)
+    if "lock" in data and data["lock"] is None:
+        problems.append(_no_value("lock", "write the path of a plan lock file, or remove the line (no lock)"))
     try:
         job["lock"] = job_lock(path, data.get("lock"))
     except TrainConfigError as e:
@@ -103,6 +113,28 @@ def _unknown(section: dict[str, Any], known: tuple[str, ...], what: str, prefix:
     return out
 
 
+def _no_value(field: str, fix: str) -> str:
+    """The problem of ``field:`` written with no value: YAML reads it as null, which a job field
+    never means (a section, ``train:`` or ``model.config:``, with nothing under it is empty)."""
+    return f"{field} has no value (YAML reads '{field.rpartition('.')[2]}:' with nothing after it as null): {fix}"
+
+
+def _ops_fields(block: Any, problems: list[str]) -> Any:
+    """``model.ops_implementation`` without its fields that have no value, each a problem: in a job
+    an empty field is a value forgotten. (:class:`~veomni_ops.config.OpsConfig` reads null as
+    VeOmni does, where ``attn_implementation: null`` is its documented "no preference"; a job is
+    not a VeOmni config.)"""
+    from ..config import FIELD_TO_OP, UNMANAGED_FIELDS
+
+    if not isinstance(block, dict):
+        return block  # said by read_config
+    empty = [k for k, v in block.items() if v is None and (k in FIELD_TO_OP or k in UNMANAGED_FIELDS)]
+    problems += [_no_value(f"model.ops_implementation.{k}", "write auto (the best kernel usable here), eager or a "
+                           "kernel name, or remove the line (auto)" if k in FIELD_TO_OP else "write its value, or "
+                           "remove the line") for k in empty]
+    return {k: v for k, v in block.items() if k not in empty}
+
+
 def _section(data: dict[str, Any], name: str, problems: list[str], required: bool = False) -> dict[str, Any]:
     value = data.get(name)
     if value is None:
@@ -125,6 +157,11 @@ def _load_model(path: str, model: dict[str, Any], problems: list[str], defaults:
         return {"architecture": "", "size": None, "config_file": None, "ops": OpsConfig.from_dict({}, defaults=defaults),
                 "overrides": {}}
     problems += _unknown(model, MODEL_FIELDS, "model field", "model.")
+    for name, fix in (("architecture", f"write one of: {', '.join(ARCHITECTURES)}"),
+                      ("size", f"write one of: {', '.join(SIZES)}, or remove the line (tiny)"),
+                      ("config_file", "write the path of a transformers config.json, or remove the line")):
+        if name in model and model[name] is None:
+            problems.append(_no_value(f"model.{name}", fix))
     overrides = model.get("config") or {}
     config_file = model.get("config_file")
     if isinstance(overrides, str):
@@ -151,9 +188,50 @@ def _load_model(path: str, model: dict[str, Any], problems: list[str], defaults:
         size = str(size or "tiny").lower()
         if size not in SIZES:
             problems.append(f"model.size {size!r} is not one of: {', '.join(SIZES)}")
-    ops, ops_problems = read_config(model.get("ops_implementation") or {}, defaults=defaults)
+    ops, ops_problems = read_config(_ops_fields(model.get("ops_implementation") or {}, problems), defaults=defaults)
     problems += [f"model.ops_implementation: {p}" for p in ops_problems]
     return {"architecture": arch, "size": size, "config_file": config_file, "ops": ops, "overrides": overrides}
+
+
+#: How to install what ``veomni-ops train`` builds its models with (the ``models`` extra: transformers).
+MODELS_INSTALL = 'pip install "veomni-ops[models]"'
+
+
+def _config_overrides(job: dict[str, Any]) -> list[str]:
+    """The problems of ``model.config``: a key the model's transformers config class does not
+    take (a config stores any key, and no model reads a misspelt one), with the closest field.
+    Needs transformers, as the job does: where it cannot be imported, that is the problem, with the
+    install line."""
+    try:
+        import transformers
+    except ImportError as e:
+        return [f"the job's model is built with transformers, which cannot be imported here ({e}): "
+                f"{MODELS_INSTALL}"]
+    overrides = job["overrides"]
+    if not overrides or not job["architecture"] or (not job["config_file"] and job["architecture"] not in ARCHITECTURES):
+        return []  # nothing to check, or no model to check it against (said already)
+    from .config_keys import config_keys
+
+    try:
+        cls = config_class(job)
+    except TrainConfigError as e:
+        return [str(e)]
+    known = set(config_keys(cls))
+    if job["config_file"]:
+        try:  # a key the file has is the file's to give, and an override of it is too
+            known |= set(read_config_file(job["config_file"]))
+        except TrainConfigError:
+            return []  # said already, where the file was read
+    shown = sorted(k for k in known if not k.startswith("_") and not k.endswith("_internal"))
+    out = []
+    for key in overrides:
+        if key in known:
+            continue
+        guess = difflib.get_close_matches(str(key), shown, n=1, cutoff=0.7)
+        hint = f"did you mean model.config.{guess[0]}?" if guess else "remove it"
+        out.append(f"unknown model.config field {key!r}: transformers {transformers.__version__}'s {cls.__name__} "
+                   f"has no such field (it would be stored and read by nothing); {hint}")
+    return out
 
 
 def _model_type(config_file: str, arch: str, problems: list[str]) -> str:
@@ -182,23 +260,21 @@ def _load_train(section: Any, problems: list[str], here: bool) -> dict[str, Any]
                         f"{type(section).__name__} {section!r}")
         return train
     problems += _unknown(section, tuple(TRAIN_DEFAULTS), "train field", "train.")
-    train.update((k, v) for k, v in section.items() if k in TRAIN_DEFAULTS)
-    for name, lowest, why in (("batch_size", 1, ""), ("steps", 1, ""),
-                              ("seq_len", 2, " (the loss predicts each next token: one token has none)")):
-        value = train[name]
-        if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
-            problems.append(f"train.{name} must be a whole number >= {lowest}{why}, got {value!r}")
-    seed = train["seed"]
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63 - 1:
-        problems.append(f"train.seed must be a whole number >= 0, got {seed!r}")
+    for name in (k for k in TRAIN_DEFAULTS if k in section and section[k] is None):
+        default = TRAIN_DEFAULTS[name]
+        problems.append(_no_value(f"train.{name}", "write auto, or a torch device (cpu, cuda), or remove the line "
+                                  "(auto)" if name == "device" else "write a value, or remove the line (the default: "
+                                  f"{'none' if default is None else str(default).lower()})"))
+    train.update((k, v) for k, v in section.items() if k in TRAIN_DEFAULTS and v is not None)
+    problems += _whole_numbers(train)
     train["lr"] = _learning_rate(train["lr"], problems)
     dtype = train["dtype"]
     if dtype not in DTYPES:
         alias = DTYPE_ALIASES.get(str(dtype).lower())
         hint = f"write {alias}" if alias else f"one of: {', '.join(DTYPES)}"
         problems.append(f"train.dtype {dtype!r} is not a dtype name here; {hint}")
-    if not isinstance(train["compile"], bool):
-        problems.append(f"train.compile must be true or false, got {train['compile']!r}")
+    problems += [f"train.{name} must be true or false, got {train[name]!r}" for name in TRAIN_BOOLEANS
+                 if not isinstance(train[name], bool)]
     reason = compile_backend_problem(train["compile_backend"], here and train["compile"] is True)
     if reason:
         problems.append(f"train.compile_backend {train['compile_backend']!r}: {reason}")
@@ -211,6 +287,110 @@ def _load_train(section: Any, problems: list[str], here: bool) -> dict[str, Any]
     if reason:
         problems.append(f"train.device {train['device']!r}: {reason}")
     return train
+
+
+def _whole_numbers(train: dict[str, Any]) -> list[str]:
+    """The problems of train's whole-number fields: batch_size, steps, seq_len, seed, threads."""
+    problems = []
+    for name, lowest, why in (("batch_size", 1, ""), ("steps", 1, ""),
+                              ("seq_len", 2, " (the loss predicts each next token: one token has none)")):
+        value = train[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
+            problems.append(f"train.{name} must be a whole number >= {lowest}{why}, got {value!r}")
+    seed = train["seed"]
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63 - 1:
+        problems.append(f"train.seed must be a whole number >= 0, got {seed!r}")
+    threads = train["threads"]
+    if threads != "auto" and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        problems.append(f"train.threads must be auto (torch's count in this process; resuming, the checkpoint's) or "
+                        f"a whole number of intra-op CPU threads >= 1, got {threads!r}")
+    return problems
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _load_data(data: dict[str, Any], train: dict[str, Any], problems: list[str]) -> dict[str, Any] | None:
+    """data: packed documents (:mod:`veomni_ops.train.data`), every field checked; None without
+    the section (the synthetic rows of every job before it), else ``{"packing": bool, "doc_len":
+    {...} or None}`` as written (the defaults are filled where the batches are made)."""
+    from .data import DATA_DEFAULTS, DOC_LEN_DEFAULTS
+
+    if "data" not in data:
+        return None
+    section = data["data"]
+    if section is None:
+        problems.append(_no_value("data", "write {packing: true} (documents packed into rows), or remove the line "
+                                  "(unpacked rows)"))
+        return None
+    if not isinstance(section, dict):
+        problems.append(f"data must be a mapping of fields ({', '.join(DATA_DEFAULTS)}), not "
+                        f"{type(section).__name__} {section!r}")
+        return None
+    problems += _unknown(section, tuple(DATA_DEFAULTS), "data field", "data.")
+    out = {**DATA_DEFAULTS, **{k: v for k, v in section.items() if k in DATA_DEFAULTS}}
+    if "packing" in section and section["packing"] is None:
+        problems.append(_no_value("data.packing", "write true (documents packed into rows) or false"))
+        out["packing"] = False
+    elif not isinstance(out["packing"], bool):
+        problems.append(f"data.packing must be true or false, got {out['packing']!r}")
+    lengths = out["doc_len"]
+    if "doc_len" in section and lengths is None:
+        problems.append(_no_value("data.doc_len", "write a mapping (mean, min, max, sigma), or remove the line "
+                                  "(the defaults)"))
+        return out
+    if lengths is None:
+        return out
+    if not isinstance(lengths, dict):
+        problems.append(f"data.doc_len must be a mapping of fields ({', '.join(DOC_LEN_DEFAULTS)}), not "
+                        f"{type(lengths).__name__} {lengths!r}")
+        return out
+    if out["packing"] is False:
+        problems.append("data.doc_len sets the lengths of packed documents, and data.packing is false: set "
+                        "packing: true, or remove doc_len")
+    problems += _doc_len(lengths, train["seq_len"])
+    return out
+
+
+def _doc_len(lengths: dict[str, Any], seq: Any) -> list[str]:
+    """The problems of ``data.doc_len``: its fields, then their ranges (against ``train.seq_len``)."""
+    from .data import DOC_LEN_ABOUT, DOC_LEN_DEFAULTS, doc_len
+
+    problems = _unknown(lengths, tuple(DOC_LEN_DEFAULTS), "data.doc_len field", "data.doc_len.")
+    for name in (k for k in DOC_LEN_DEFAULTS if k in lengths and lengths[k] is None):
+        problems.append(_no_value(f"data.doc_len.{name}", f"write a value, or remove the line ({DOC_LEN_ABOUT[name]})"))
+    ok = True
+    for name, test, what in (("min", lambda v: _whole(v) and v >= 2,
+                              "a whole number of tokens >= 2 (a document's first token is not predicted: one token "
+                              "has nothing to learn)"),
+                             ("max", lambda v: _whole(v) and v >= 2, "a whole number of tokens >= 2"),
+                             ("mean", lambda v: _number(v) and v >= 1, "a number of tokens >= 1"),
+                             ("sigma", lambda v: _number(v) and 0 < v <= 4,
+                              "a number > 0 and <= 4 (the log-normal's shape; 1.0: a long tail)")):
+        value = lengths.get(name)
+        if value is not None and not test(value):
+            problems.append(f"data.doc_len.{name} must be {what}, got {value!r}")
+            ok = False
+    if not ok or not (_whole(seq) and seq >= 2):
+        return problems  # the ranges below need good values (each mistake is said already)
+    given = {k: v for k, v in lengths.items() if k in DOC_LEN_DEFAULTS and v is not None}
+    full = doc_len({"doc_len": given}, seq)
+    if "max" in given and full["max"] > seq:
+        problems.append(f"data.doc_len.max {full['max']} is over train.seq_len {seq}: a document is at most a row; "
+                        f"lower max to {seq} or less (or remove it: {seq}), or raise train.seq_len")
+    elif "min" in given and full["min"] > full["max"]:
+        whose = "data.doc_len.max" if "max" in given else "train.seq_len (doc_len.max by default)"
+        problems.append(f"data.doc_len.min {full['min']} is over {whose} {full['max']}: lower min, or raise "
+                        f"{'max' if 'max' in given else 'train.seq_len'}")
+    elif "mean" in given and not full["min"] <= full["mean"] <= full["max"]:
+        problems.append(f"data.doc_len.mean {full['mean']} is outside [min, max] = [{full['min']}, {full['max']}]: "
+                        "write a mean between them")
+    return problems
 
 
 def check_checkpointing(job: dict[str, Any]) -> None:
@@ -226,7 +406,7 @@ def _load_checkpointing(path: str, train: dict[str, Any], here: bool) -> list[st
     checkpoint ``resume`` names is there. Returns the problems."""
     from .checkpoint import find_resume
 
-    problems = _checkpoint_dir(path, train)
+    problems = _checkpoint_dir(path, train, here)
     every = train["checkpoint_every"]
     if isinstance(every, bool) or not isinstance(every, int) or every < 0:
         problems.append(f"train.checkpoint_every must be a whole number of steps >= 0 (0: a checkpoint at the last "
@@ -242,7 +422,10 @@ def _load_checkpointing(path: str, train: dict[str, Any], here: bool) -> list[st
     return problems
 
 
-def _checkpoint_dir(path: str, train: dict[str, Any]) -> list[str]:
+def _checkpoint_dir(path: str, train: dict[str, Any], here: bool) -> list[str]:
+    """train.checkpoint_dir made absolute; with ``here``, made where it is missing and a file
+    written into it and removed: a folder the job cannot write is refused before step 1, not at
+    its first save (with the default ``checkpoint_every: 0``, the end of the run)."""
     folder = train["checkpoint_dir"]
     if folder is None:
         return []
@@ -252,6 +435,17 @@ def _checkpoint_dir(path: str, train: dict[str, Any]) -> list[str]:
     if os.path.exists(folder) and not os.path.isdir(folder):
         return [f"train.checkpoint_dir {folder} is a file, not a folder: name a folder (it is made where it is "
                 "missing)"]
+    if here:
+        import tempfile
+
+        try:
+            os.makedirs(folder, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=folder, prefix=".veomni-ops-write-probe-"):
+                pass
+        except OSError as e:
+            return [f"train.checkpoint_dir {folder} cannot be written ({type(e).__name__}: {e.strerror or e}"
+                    f"{f': {e.filename}' if e.filename else ''}): the checkpoints would be lost at the first save; "
+                    "make it writable (its owner, permissions, a mounted disk with space), or name another folder"]
     return []
 
 
@@ -381,6 +575,88 @@ def _load_parallel(section: Any, train: dict[str, Any], problems: list[str]):
     return None if found else ParallelLayout(**fields)
 
 
+#: More memory than any one machine has (64 TiB; the largest shared-memory servers have about 48):
+#: a step that needs more on each rank is refused wherever the job is meant to run, here or not.
+MAX_STEP_BYTES = 64 * 2**40
+
+
+def model_shape(job: dict[str, Any]) -> dict[str, int] | None:
+    """The job model's ``hidden_size``, ``num_hidden_layers`` and ``vocab_size`` (its preset's or
+    config file's, a multimodal file's ``text_config``'s, then ``model.config``'s), read without
+    transformers; None where one is not a whole number > 0 (a mistake said elsewhere)."""
+    if job["config_file"]:
+        try:
+            fields = read_config_file(job["config_file"])
+        except TrainConfigError:
+            return None
+        text = fields.get("text_config")
+        fields = {**(text if isinstance(text, dict) else {}), **fields}
+    elif job["size"] in SIZES:
+        fields = dict(SIZES[job["size"]])
+    else:
+        return None
+    fields.update(job["overrides"])
+    shape = {k: fields.get(k) for k in ("hidden_size", "num_hidden_layers", "vocab_size")}
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in shape.values()):
+        return None
+    return shape  # type: ignore[return-value]
+
+
+def min_step_bytes(job: dict[str, Any]) -> tuple[int, str] | None:
+    """A lower bound of the memory one rank needs for one training step of the job, and what it
+    counts: each decoder layer's input, kept for its backward (the rank's tokens x hidden x
+    layers, in train.dtype), and the input embedding's weights (vocab x hidden, sharded over
+    ``dp_shard``). Every model and kernel needs at least these, so a job over its device's memory
+    can never run; None where the job's shapes are mistakes of their own."""
+    t, shape = job["train"], model_shape(job)
+    fields_ok = all(isinstance(t[k], int) and not isinstance(t[k], bool) and t[k] >= 1 for k in ("batch_size", "seq_len"))
+    if shape is None or not fields_ok or t["dtype"] not in DTYPE_BYTES:
+        return None
+    from ..parallel.layout import world_from_env
+
+    layout = job["parallel"]  # without one, torchrun's processes are data-parallel ranks (one: no torchrun)
+    dp, sp = (layout.dp_shard, layout.sp) if layout is not None else (world_from_env(), 1)
+    tokens = -(-t["batch_size"] // dp) * -(-t["seq_len"] // sp)
+    hidden, layers, vocab = shape["hidden_size"], shape["num_hidden_layers"], shape["vocab_size"]
+    size = DTYPE_BYTES[t["dtype"]]
+    need = tokens * hidden * layers * size + -(-vocab * hidden * size // dp)
+    return need, (f"each layer's input kept for the backward, {tokens:,} tokens x hidden {hidden:,} x {layers:,} "
+                  f"layers x {size} bytes, and the embedding, vocab {vocab:,} x hidden {hidden:,}"
+                  + (f" / dp_shard {dp}" if dp > 1 else ""))
+
+
+def _step_memory(job: dict[str, Any], here: bool) -> list[str]:
+    """One problem where a training step cannot fit: its lower bound (:func:`min_step_bytes`) over
+    the memory of train.device (``here``: a CUDA GPU's or, on the CPU, the machine's), or over
+    :data:`MAX_STEP_BYTES` anywhere. Checked before anything is built or allocated."""
+    found = min_step_bytes(job)
+    if found is None:
+        return []
+    need, what = found
+    t = job["train"]
+    memory, where = MAX_STEP_BYTES, f"any one machine has ({_gib(MAX_STEP_BYTES)})"
+    device = t["device"]
+    if here and device_problem(device) is None:
+        from ..parallel.fsdp import device_memory_bytes
+
+        device = resolve_device(device)
+        if device.split(":")[0] in ("cpu", "cuda"):  # elsewhere the host's memory says nothing of the device's
+            have = device_memory_bytes(device)
+            if 0 < have < memory:
+                memory = have
+                where = (f"this machine's memory ({_gib(have)})" if device == "cpu" else
+                         f"the memory of {device} here ({_gib(have)})")
+    if need <= memory:
+        return []
+    return [f"train.seq_len {t['seq_len']:,} and batch_size {t['batch_size']:,}: one training step needs at least "
+            f"{_gib(need)} on each rank ({what}), more than {where}: lower seq_len or batch_size, or split the batch "
+            "over more ranks (parallel.dp_shard, parallel.sp)"]
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:,.1f} GiB"
+
+
 def plan_device(device: str):
     """The device to resolve the plan for: the detected one (None), unless the job trains on the
     CPU of a GPU machine."""
@@ -394,33 +670,48 @@ def plan_device(device: str):
 def _named_kernel_refusals(job: dict[str, Any]) -> list[str]:
     """Why a kernel the job names (not ``auto``) cannot be had where it trains: resolved as
     binding will (device, dtype, a backward, compile mode), without importing it. The model's
-    own needs (variants, features) are checked when it is bound."""
+    own needs (variants, features) are checked when it is bound. A mistake in where or how it
+    trains (said already) hides none of these: without a dtype or compile mode the names are
+    resolved without that filter, and without a device each name is checked for what needs no
+    device (that a plugin here registers it for the op; a VeOmni value whose kernel depends on the
+    device, ``moe_implementation: fused``, is then left unchecked)."""
     from ..config import AUTO, OP_TO_FIELD
     from ..discovery import discover
-    from ..resolve import ResolutionError, _all_needs, resolve
+    from ..resolve import RefusalKind, ResolutionError, _all_needs, resolve
 
+    # The refusals that need no device: whether a plugin here registers the name for the op.
+    by_name = {RefusalKind.UNKNOWN_NAME, RefusalKind.CONTESTED_NAME, RefusalKind.WRONG_VARIANT,
+               RefusalKind.WRONG_DISTRIBUTION, RefusalKind.SWITCHED_OFF, RefusalKind.PLUGIN_FAILED}
     ops, t = job["ops"], job["train"]
     named = [op for op in OP_TO_FIELD if ops.for_op(op) != AUTO]
-    if not named or t["dtype"] not in DTYPES or not isinstance(t["compile"], bool) or device_problem(t["device"]):
-        return []  # where or how it trains is a mistake of its own (said already): nothing to resolve for
+    device_known = device_problem(t["device"]) is None
+    if not device_known:
+        named = [op for op in named if len({ops.for_device(kind).for_op(op) for kind in TRAIN_DEVICES}) == 1]
+    if not named:
+        return []
     reg = discover()
     needs = {op: v for op, v in _all_needs(reg, ops).items() if op in named}
     try:
-        resolve(ops, plan_device(t["device"]), needs=needs, registry=reg, dtype=t["dtype"], compile=t["compile"],
-                load=False)
+        resolve(ops, plan_device(t["device"]) if device_known else None, needs=needs, registry=reg,
+                dtype=t["dtype"] if t["dtype"] in DTYPES else None, compile=t["compile"] is True, load=False)
     except ResolutionError as e:
-        return [f"model.ops_implementation: {r.describe()}" for r in e.refusals]
+        return [f"model.ops_implementation: {r.describe()}" for r in e.refusals
+                if device_known or r.kind in by_name]
     return []
 
 
 def read_config_file(path: str) -> dict[str, Any]:
     """The fields of a transformers ``config.json`` (``path`` is the file or its folder)."""
+    from ..config import not_utf8
+
     file = os.path.join(path, "config.json") if os.path.isdir(path) else path
     try:
-        with open(file) as fh:
+        with open(file, "rb") as fh:  # bytes: json reads UTF-8 (or UTF-16/32) whatever the locale
             data = json.load(fh)
     except FileNotFoundError:
         raise TrainConfigError(f"model.config_file: {file} does not exist") from None
+    except UnicodeDecodeError as e:
+        raise TrainConfigError(f"model.config_file: {file} {not_utf8(file, e.start, e.encoding, e.reason)}") from None
     except json.JSONDecodeError as e:
         raise TrainConfigError(f"model.config_file: {file} is not valid JSON: {e}") from None
     if not isinstance(data, dict):
@@ -428,3 +719,30 @@ def read_config_file(path: str) -> dict[str, Any]:
     return data
 
 
+def config_class(job: dict[str, Any], model_type: str | None = None) -> Any:
+    """The transformers config class of the job: its preset architecture's, or, for a
+    ``config_file`` job, that of ``model_type`` (the file's, ``job["architecture"]``)."""
+    import transformers
+
+    if job.get("config_file"):
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+        model_type = job["architecture"] if model_type is None else model_type
+        if model_type not in CONFIG_MAPPING:
+            raise TrainConfigError(f"{job['config_file']}: model_type {model_type!r} is unknown to transformers "
+                                   f"{transformers.__version__}; upgrade transformers")
+        return CONFIG_MAPPING[model_type]
+    cfg_name, model_name, _ = ARCHITECTURES[job["architecture"]]
+    cfg_cls = getattr(transformers, cfg_name, None)
+    if cfg_cls is None or getattr(transformers, model_name, None) is None:
+        raise TrainConfigError(f"transformers {transformers.__version__} has no {model_name}; upgrade transformers")
+    return cfg_cls
+
+
+def resolve_device(name: str) -> str:
+    """train.device as torch names it: ``auto`` is ``cuda`` where torch sees a GPU, else ``cpu``."""
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name

@@ -14,9 +14,18 @@ from collections.abc import Sequence
 from typing import Any
 
 from .baselines import BASELINES, apply_liger, check_baseline, compile_apply, liger_version
+from .data import PackingStats, describe, job_batches
 from .errors import RunFailed
 from .job import plan_device
-from .model import adamw, build_config, build_model, peak_bytes, reference_model, resolve_device, synthetic_batches
+from .model import (
+    adamw,
+    build_config,
+    build_model,
+    checkpoint_layers,
+    peak_bytes,
+    reference_model,
+    resolve_device,
+)
 
 
 def rate_stats(rates: list[float], warmup: int) -> dict[str, Any]:
@@ -61,13 +70,26 @@ def _prepare(job: dict[str, Any], baseline: str | None, device: str, dtype, out,
         print(f"baseline {baseline}: {BASELINES[baseline]} (transformers {transformers.__version__}"
               + (f", liger-kernel {facts['liger_version']}: {facts['liger_patch']}" if baseline == "liger" else "")
               + ")", file=out)
+    facts["gradient_checkpointing"] = False
+    if t.get("gradient_checkpointing"):  # every run of a comparison alike: the job's, and each baseline's
+        g = facts["gradient_checkpointing"] = checkpoint_layers(model)
+        print(f"gradient checkpointing: {g['layers']} {', '.join(g['classes'])} recomputed in the backward "
+              f"({g['how']})", file=out)
     if compiled and rt is not None:
         rt.compile(model, backend)
         c = rt.compile_facts
         facts["parallel"] = rt.to_dict()
         print(f"torch.compile (backend {backend}): {c['layers']} {c['what']} ({', '.join(c['classes'])}), each "
               f"compiled in place after FSDP2; eager: {c['eager']}. The first steps include compilation", file=out)
-    elif compiled:
+    elif compiled and baseline is None:
+        # Each decoder layer, not the whole model: the attention mask is then built eagerly, and left
+        # out for an unpadded batch, so that sdpa keeps its flash path (compile_layers says why).
+        from ..parallel.fsdp import compile_layers
+
+        c = facts["compile"] = compile_layers(model, backend)
+        print(f"torch.compile (backend {backend}): {c['layers']} {c['what']} ({', '.join(c['classes'])}), each "
+              f"compiled in place; eager: {c['eager']}. The first steps include compilation", file=out)
+    elif compiled:  # a baseline: the whole model, as its users compile it
         model = torch.compile(model, backend=backend)
         print(f"torch.compile (backend {backend}): the whole model; the first steps include compilation", file=out)
     facts["compiled"] = compiled
@@ -76,8 +98,10 @@ def _prepare(job: dict[str, Any], baseline: str | None, device: str, dtype, out,
 
 def _bind(job: dict[str, Any], device: str, dtype, out, rt, compiled: bool) -> tuple[Any, dict[str, Any]]:
     """The job's model bound to its plan (for the layout, and FSDP2-sharded, under ``rt``); built
-    on the meta device and materialised with the normal build's weights for ``init_device: meta``."""
+    on the meta device and materialised with the normal build's weights for ``init_device: meta``.
+    ``facts["kernels"]``: the kernel bound for each op and variant (what a checkpoint keeps)."""
     from ..binding import apply
+    from .checkpoint import plan_fingerprint
 
     if compiled:
         compile_apply(apply)
@@ -93,7 +117,7 @@ def _bind(job: dict[str, Any], device: str, dtype, out, rt, compiled: bool) -> t
     print(binding.plan.table(), file=out)
     print(f"bound: {json.dumps(binding.summary())}", file=out)
     facts: dict[str, Any] = {"plan": binding.plan.to_dict(), "bound": binding.summary(),
-                             "init_device": "meta" if meta else "device"}
+                             "kernels": plan_fingerprint(binding), "init_device": "meta" if meta else "device"}
     if kw["memory"] is not None:
         facts["memory_budget"] = {"free_gib": kw["memory"].free_bytes / 2**30, "shapes": kw["memory"].shapes}
     if rt is not None:
@@ -193,6 +217,49 @@ def train_on_rank(job: dict[str, Any], out, baseline: str | None, rt) -> dict[st
 
 
 def _train(job: dict[str, Any], out, baseline: str | None = None, rt=None) -> dict[str, Any]:
+    """:func:`_run` at the run's intra-op thread count (:func:`run_threads`); this process's
+    count is restored after it."""
+    import torch
+
+    source = None
+    if baseline is None and (job["train"].get("checkpoint_dir") or job["train"].get("resume")):
+        from .checkpoint import find_resume
+
+        source = find_resume(job["train"])
+    before = torch.get_num_threads()
+    torch.set_num_threads(run_threads(job["train"], source, out))
+    try:
+        return _run(job, out, baseline, rt, source)
+    finally:
+        torch.set_num_threads(before)
+
+
+def run_threads(train: dict[str, Any], source: str | None, out) -> int:
+    """How many intra-op CPU threads a run takes: ``train.threads``; ``auto``: the count the
+    checkpoint it resumes from (``source``) was written at, else torch's count in this process
+    (``OMP_NUM_THREADS``, else the CPUs). torch splits a CPU float32 sum over its threads, and
+    another split rounds otherwise: resumed at another count, the losses are not bitwise those of
+    a run never stopped."""
+    import torch
+
+    if train.get("threads", "auto") != "auto":
+        return int(train["threads"])
+    here = torch.get_num_threads()
+    if source is not None:
+        from .checkpoint import read_info
+
+        written = read_info(source).get("threads")
+        if isinstance(written, int) and written >= 1 and written != here:
+            print(f"threads: {written} intra-op thread(s), the count {source} was written at, for the losses of a "
+                  f"run never stopped (torch's count in this process is {here}; train.threads sets another)",
+                  file=out, flush=True)
+            return written
+    return here
+
+
+def _run(job: dict[str, Any], out, baseline: str | None, rt, source: str | None) -> dict[str, Any]:
+    """One run of ``job`` on this rank (of ``rt``; None: one process), from the checkpoint
+    ``source`` where it resumes."""
     import torch
 
     t = job["train"]
@@ -208,13 +275,12 @@ def _train(job: dict[str, Any], out, baseline: str | None = None, rt=None) -> di
     vocab = model.config.vocab_size
     # Checkpoints (train.checkpoint_dir / resume; never for a baseline, a measurement of another stack):
     # a resumed run starts after the checkpoint's step, with its losses so far.
-    start, ckpt, source = 0, None, None
+    start, ckpt = 0, None
     losses: list[float] = []
     if baseline is None and (t.get("checkpoint_dir") or t.get("resume")):
-        from .checkpoint import Checkpointer, find_resume
+        from .checkpoint import Checkpointer
 
-        ckpt = Checkpointer(job, model, opt, device, rt, out)
-        source = find_resume(t)
+        ckpt = Checkpointer(job, model, opt, device, rt, out, facts["kernels"])
         if source is not None:
             start, losses = ckpt.load(source, vocab)
     if device.startswith("cuda"):
@@ -222,10 +288,13 @@ def _train(job: dict[str, Any], out, baseline: str | None = None, rt=None) -> di
     warmup = 2 if facts["compiled"] else 1  # allocation and autotuning; compilation too when compiled
     rates: list[float] = []
     width = 20
-    for i, ids in enumerate(synthetic_batches(vocab, b, s, steps, t["seed"], device, start), start=start):
+    packed = PackingStats(s)
+    for i, batch in enumerate(job_batches(job, vocab, device, start), start=start):
+        if i == start and (line := describe(job, batch, i + 1)):
+            print(line, file=out, flush=True)
+        packed.add(batch)
         t0 = time.perf_counter()
-        # Under a parallel layout each rank trains its rows and sequence slice of the same global batch.
-        outp = model(input_ids=ids, labels=ids) if rt is None else model(**rt.shard_batch(ids))
+        outp = model(**step_inputs(batch, rt, baseline))
         outp.loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -239,10 +308,11 @@ def _train(job: dict[str, Any], out, baseline: str | None = None, rt=None) -> di
         print(f"[{'#' * done}{'.' * (width - done)}] step {i + 1:>3}/{steps}  loss {loss:8.4f}  "
               f"{rate:10.0f} tok/s  {what} {peak / 2**30:6.2f} GiB" + ("  (warm-up)" if i - start < warmup else ""),
               file=out, flush=True)
-        if i == start and facts["compiled"] and rt is not None:
+        compile_facts = rt.compile_facts if rt is not None else facts.get("compile")
+        if i == start and compile_facts:  # decoder layers compiled (a whole-model baseline: not counted)
             from ..parallel.fsdp import graph_breaks
 
-            breaks = rt.compile_facts["graph_breaks"] = graph_breaks()
+            breaks = compile_facts["graph_breaks"] = graph_breaks()
             print("torch.compile: graph breaks in the first step: " + ("; ".join(f"{n} x {why}" for why, n in
                                                                           breaks.items()) or "none"), file=out)
         if ckpt is not None and ckpt.due(i + 1):
@@ -254,27 +324,46 @@ def _train(job: dict[str, Any], out, baseline: str | None = None, rt=None) -> di
         "run": baseline or os.path.basename(job["path"]), "config": job["path"], "baseline": baseline,
         "architecture": job["architecture"], "size": job["size"], "config_file": job.get("config_file"),
         "device": device, "dtype": t["dtype"], "steps": steps, "batch_size": b, "seq_len": s, "seed": t["seed"],
-        **facts, "losses": losses, "final_loss": losses[-1] if losses else float("nan"),
+        "threads": torch.get_num_threads(), **facts, "losses": losses, "final_loss": losses[-1] if losses else float("nan"),
         "first_step": start + 1, "resumed_from": source, "checkpoint_dir": t.get("checkpoint_dir"),
         **stats, "step_tokens_per_s": rates, "peak_gib": peak / 2**30, "peak_kind": what,
     }
+    if (data := packed.to_dict(job)) is not None:
+        result["data"] = data
     lo, hi = stats["timed_steps"]
     print(f"done: final loss {result['final_loss']:.4f}, median {stats['tokens_per_s']:.0f} tok/s over steps "
           f"{lo}..{hi} ({stats['warmup_steps']} warm-up step(s) excluded; p25..p75 {stats['tokens_per_s_p25']:.0f}.."
           f"{stats['tokens_per_s_p75']:.0f}, min..max {stats['tokens_per_s_min']:.0f}..{stats['tokens_per_s_max']:.0f})"
           f", {what} {result['peak_gib']:.2f} GiB", file=out)
+    if data is not None:
+        print(f"data: {data['documents']} packed documents in {data['rows']} rows: {data['documents_per_row']:.1f} "
+              f"per row, mean length {data['mean_doc_len']:.1f} tokens", file=out)
     return result
 
 
+def step_inputs(batch: dict[str, Any], rt=None, baseline: str | None = None) -> dict[str, Any]:
+    """The model's inputs for one step of the job's ``batch`` (:func:`~veomni_ops.train.data.job_batches`):
+    under a parallel layout (``rt``) this rank's rows and sequence slice of the global batch
+    (packed: with the position_ids of the whole row, which sequence parallelism gathers); in one
+    process the whole batch. use_cache=False for the job (as shard_batch gives it): training builds
+    no KV cache (transformers builds one by default; a compiled layer would trace it, and recompile
+    for each layer's index). A baseline is called as its users call it."""
+    fields: dict[str, Any] = {k: batch[k] for k in ("input_ids", "labels", "position_ids") if k in batch}
+    if rt is not None:
+        return rt.shard_batch(**fields)
+    return fields if baseline else {**fields, "use_cache": False}
+
+
 def run_child(path: str, seed: int | None, steps: int | None = None, baseline: str | None = None,
-              lock: str | None = None, defaults: str = "auto", resume: str | bool | None = None) -> dict[str, Any]:
+              lock: str | None = None, defaults: str = "auto", resume: str | bool | None = None,
+              seq_len: int | None = None) -> dict[str, Any]:
     """Train ``path`` (as ``baseline`` if given; with the plan lock ``lock`` passed as ``--lock``,
-    ``--defaults``, and ``resume`` as ``--resume``: True, or a path) in a fresh process so its peak
+    ``--defaults``, ``resume`` as ``--resume``: True, or a path, and ``--seq-len``) in a fresh process so its peak
     memory is its own."""
     with tempfile.NamedTemporaryFile("r", suffix=".json", delete=False) as fh:
         out_path = fh.name
-    cmd = child_command(path, out_path, seed=seed, steps=steps, baseline=baseline, lock=lock, defaults=defaults,
-                        resume=resume)
+    cmd = child_command(path, out_path, seed=seed, steps=steps, seq_len=seq_len, baseline=baseline, lock=lock,
+                        defaults=defaults, resume=resume)
     try:
         try:
             sink: int | None = sys.stderr.fileno()
@@ -299,17 +388,20 @@ def run_child(path: str, seed: int | None, steps: int | None = None, baseline: s
 
 
 def child_command(path: str, result_file: str, *, seed: int | None = None, steps: int | None = None,
-                  baseline: str | None = None, lock: str | None = None, defaults: str = "auto",
-                  resume: str | bool | None = None, tune_trial: bool = False,
+                  seq_len: int | None = None, baseline: str | None = None, lock: str | None = None, defaults: str = "auto",
+                  resume: str | bool | None = None, tune_trial: bool = False, max_seq_probe: bool = False,
                   python: Sequence[str] = (sys.executable,)) -> list[str]:
     """The command line of a child ``veomni-ops train`` run writing its result to ``result_file``
-    (:func:`run_child`'s; ``tune_trial``: a trial of ``veomni-ops tune``, see ``--tune-trial``).
+    (:func:`run_child`'s; ``tune_trial``: a trial of ``veomni-ops tune``, see ``--tune-trial``;
+    ``max_seq_probe``: a probe of ``--max-seq``, which writes and resumes no checkpoint).
     ``python``: the interpreter command."""
     cmd = [*python, "-m", "veomni_ops.cli", "train", path, "--result-file", result_file]
     if seed is not None:
         cmd += ["--seed", str(seed)]
     if steps is not None:
         cmd += ["--steps", str(steps)]
+    if seq_len is not None:
+        cmd += ["--seq-len", str(seq_len)]
     if baseline is not None:
         cmd += ["--as-baseline", baseline]
     if lock is not None:
@@ -320,6 +412,8 @@ def child_command(path: str, result_file: str, *, seed: int | None = None, steps
         cmd += ["--resume"] + ([] if resume is True else [os.path.abspath(str(resume))])
     if tune_trial:
         cmd.append("--tune-trial")
+    if max_seq_probe:
+        cmd.append("--max-seq-probe")
     return cmd
 
 

@@ -5,38 +5,37 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .job import ARCHITECTURES, SIZES, TrainConfigError, read_config_file
+from .config_keys import config_keys  # noqa: F401  (re-exported, as before the job needed it)
+from .data import synthetic_batches  # noqa: F401  (re-exported: the job's data is data.py's)
+from .job import (  # noqa: F401  (config_class, resolve_device: re-exported, as before the job needed them)
+    ARCHITECTURES,
+    SIZES,
+    TrainConfigError,
+    config_class,
+    read_config_file,
+    resolve_device,
+)
 
 
 def build_config(job: dict[str, Any], attn_implementation: str | None = None):
     """The transformers config of the job (preset or file, then the overrides)."""
-    import transformers
-
     attn = {"attn_implementation": attn_implementation} if attn_implementation else {}
     if job.get("config_file"):
-        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
         fields = {**read_config_file(job["config_file"]), **job["overrides"]}
         n = fields.get("num_hidden_layers")
         if isinstance(fields.get("layer_types"), list) and isinstance(n, int) and len(fields["layer_types"]) > n:
             fields["layer_types"] = fields["layer_types"][:n]
         model_type = fields["model_type"]
-        if model_type not in CONFIG_MAPPING:
-            raise TrainConfigError(f"{job['config_file']}: model_type {model_type!r} is unknown to transformers "
-                                   f"{transformers.__version__}; upgrade transformers")
+        cls = config_class(job, model_type)
         try:
-            return CONFIG_MAPPING[model_type].from_dict({**fields, **attn})
+            return cls.from_dict({**fields, **attn})
         except (TypeError, ValueError) as e:
             raise TrainConfigError(f"{job['config_file']}: transformers cannot build a {model_type} config from it: "
                                    f"{e}") from None
-    cfg_name, model_name, extra = ARCHITECTURES[job["architecture"]]
-    cfg_cls = getattr(transformers, cfg_name, None)
-    if cfg_cls is None or getattr(transformers, model_name, None) is None:
-        raise TrainConfigError(f"transformers {transformers.__version__} has no {model_name}; upgrade transformers")
-    kwargs = {**SIZES[job["size"]], **extra, **job["overrides"]}
+    kwargs = {**SIZES[job["size"]], **ARCHITECTURES[job["architecture"]][2], **job["overrides"]}
     if job["architecture"] == "qwen3_5":
         kwargs.setdefault("layer_types", ["full_attention"] * kwargs["num_hidden_layers"])
-    return cfg_cls(**kwargs, **attn)
+    return config_class(job)(**kwargs, **attn)
 
 
 def build_model(job: dict[str, Any], device: str = "cpu", attn_implementation: str | None = None):
@@ -55,6 +54,41 @@ def build_model(job: dict[str, Any], device: str = "cpu", attn_implementation: s
                 raise TrainConfigError(f"{job['config_file']}: transformers has no causal-LM class for model_type "
                                        f"{cfg.model_type!r} ({e})") from None
         return getattr(transformers, ARCHITECTURES[job["architecture"]][1])(cfg)
+
+
+def checkpoint_layers(model) -> dict[str, Any]:
+    """Activation checkpointing of ``model``'s decoder layers (``train.gradient_checkpointing``),
+    as a transformers user turns it on: ``activation_checkpointing_enable`` (transformers >= 5.24;
+    before it ``gradient_checkpointing_enable``) with ``use_reentrant=False``. Each decoder layer
+    then keeps only its inputs from the forward and runs its forward again in the backward.
+    transformers checkpoints the layer's ``forward``, not its call, so FSDP2's hooks (the
+    all-gathers) stay outside the checkpoint, and a decoder layer compiled in place
+    (:func:`veomni_ops.parallel.fsdp.compile_layers`) compiles the checkpointed forward. Returns
+    what was done (for the run's report); a model that cannot is a :class:`TrainConfigError`."""
+    import transformers
+
+    kwargs = {"use_reentrant": False}
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    try:
+        if enable is not None:
+            enable(activation_checkpointing_kwargs=kwargs)
+            how = "activation_checkpointing_enable"
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+            how = "gradient_checkpointing_enable"
+    except ValueError as e:
+        raise TrainConfigError(f"train.gradient_checkpointing: transformers {transformers.__version__}'s "
+                               f"{type(model).__name__} cannot checkpoint its layers ({e}); set "
+                               "gradient_checkpointing: false") from None
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing]
+    if not layers:
+        raise TrainConfigError(f"train.gradient_checkpointing: transformers {transformers.__version__}'s "
+                               f"{type(model).__name__} has no layer it checkpoints; set gradient_checkpointing: "
+                               "false")
+    kinds = sorted({type(m).__name__.removeprefix("FSDP") for m in layers})
+    return {"layers": len(layers), "classes": kinds, "how": f"transformers' model.{how}(use_reentrant=False)"}
 
 
 def reference_model(job: dict[str, Any], dtype):
@@ -77,30 +111,6 @@ def reference_model(job: dict[str, Any], dtype):
         return build_model(job, "cpu").to(dtype=dtype)
     finally:
         torch.set_num_threads(threads)
-
-
-def synthetic_batches(vocab: int, batch: int, seq: int, steps: int, seed: int, device, start: int = 0):
-    """Learnable synthetic data: arithmetic progressions mod vocab with a random start and stride.
-    ``start``: the batches of steps ``start + 1 .. steps`` only, the same as those of a run from
-    step 0 (the earlier ones are drawn and dropped): where a resumed run's data stands."""
-    import torch
-
-    g = torch.Generator().manual_seed(seed + 1)
-    for i in range(steps):
-        first = torch.randint(0, vocab, (batch, 1), generator=g)
-        stride = torch.randint(1, 8, (batch, 1), generator=g)
-        if i < start:
-            continue
-        ids = (first + stride * torch.arange(seq)) % vocab
-        yield ids.to(device)
-
-
-def resolve_device(name: str) -> str:
-    import torch
-
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return name
 
 
 def peak_bytes(device: str) -> tuple[int, str]:

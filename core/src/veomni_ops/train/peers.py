@@ -65,10 +65,16 @@ class UserFSDP2:
     def adamw(self, model, lr: float):
         return adamw(model.parameters(), lr, self.device)
 
-    def shard_batch(self, ids) -> dict[str, Any]:
-        n = ids.shape[0] // self.world_size
-        mine = ids[self.rank * n:(self.rank + 1) * n]
-        return {"input_ids": mine, "labels": mine}
+    def shard_batch(self, input_ids, labels=None, position_ids=None) -> dict[str, Any]:
+        """This rank's rows of the global batch (the runtime's ``shard_batch`` form, as the
+        loop's ``step_inputs`` calls it): labels the inputs unless given; packed rows keep their
+        ``position_ids``."""
+        n = input_ids.shape[0] // self.world_size
+        rows = slice(self.rank * n, (self.rank + 1) * n)
+        out = {"input_ids": input_ids[rows], "labels": (input_ids if labels is None else labels)[rows]}
+        if position_ids is not None:
+            out["position_ids"] = position_ids.expand(input_ids.shape)[rows]
+        return out
 
     def global_loss(self, loss) -> float:
         """The mean of every rank's mean loss: with the same tokens on every rank, the global mean."""
@@ -174,3 +180,13 @@ def run_in_ranks(job: dict[str, Any], other: dict[str, Any] | None, baselines: l
         if quiet is not None:
             quiet.close()
     return runs
+
+
+def train_baseline_in_ranks(job: dict[str, Any], baseline: str, out=None) -> dict[str, Any]:
+    """This rank's run of the FSDP2 ``baseline`` of ``job`` alone (a ``--max-seq`` probe, under
+    torch.distributed.run), in a process group of its own; only rank 0 prints."""
+    import sys
+
+    layout = check_layout(job)
+    with _process_group(_device(job), layout.timeout_s):
+        return _train_fsdp2_baseline(job, baseline, out or sys.stderr)

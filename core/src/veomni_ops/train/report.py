@@ -129,6 +129,15 @@ def print_report(runs: list[dict[str, Any]], rep: dict[str, Any], out) -> None:
             f"{'max |dloss|':>13}")
     head += "".join(f"{'vs ' + r:>{max(10, len(r) + 5)}}" for r in refs)
     print(head, file=out)
+    packed = {r["run"]: r["data"] for r in runs if r.get("data")}
+    for name, d in packed.items():  # packed documents: the losses are per token of them
+        print(f"  ({name}: packed documents, {d['documents_per_row']:.1f} per row, mean length "
+              f"{d['mean_doc_len']:.1f} tokens)", file=out)
+    checkpointed = [r["run"] for r in runs if r.get("gradient_checkpointing")]
+    if checkpointed:  # the baselines take the job's train.gradient_checkpointing; a --compare job its own
+        which = ("every run" if len(checkpointed) == len(runs) else
+                 f"{', '.join(checkpointed)} only: the others keep their activations, not like for like")
+        print(f"  gradient checkpointing (decoder layers recomputed in the backward): {which}", file=out)
     checks = {c["run"]: c for c in rep["checks"]}
     for i, r in enumerate(runs):
         spread = f"[{r['tokens_per_s_p25']:.0f}..{r['tokens_per_s_p75']:.0f}]"

@@ -124,15 +124,16 @@ def _run(args: argparse.Namespace) -> int:
     warmup = _warmup(args, s)
     human = sys.stderr if args.json else sys.stdout
     if args.dry_run:
-        dry_run(s, out, args.steps, warmup, args.fresh, human, in_process=args.in_process)
+        dry_run(s, out, args.steps, warmup, args.fresh, human, in_process=args.in_process, min_gain=args.min_gain)
         if args.json:
             print(json.dumps(trials_json(s, out, args.steps, warmup), indent=2))
         return 0
     if not is_local(s.device):
-        raise TrainConfigError(f"veomni-ops tune times kernels on this machine, and the plan's device {s.device} (from "
-                               f"VEOMNI_OPS_DEVICE) is not this machine's ({detected_device()}); run it there, or "
-                               "pass --dry-run to see what it would time there")
-    method = {"what": WHAT, "trials": WHERE[args.in_process], "timed_steps": args.steps, "warmup_steps": warmup}
+        source = "" if s.device.from_env else f" (the job's train.device: {s.job['train']['device']})"
+        raise TrainConfigError(f"veomni-ops tune times kernels on this machine, and the plan's device "
+                               f"{s.device.describe()}{source} is not this machine's ({detected_device()}); run it "
+                               "there, or pass --dry-run to see what it would time there")
+    method = _method(args.steps, warmup, args.in_process, args.min_gain)
     _print_head(s, out, human)
     timer = (StepTimer if args.in_process else ProcessTimer)(s, args.steps, warmup)
     tuner = Tuner(s, out, timer, min_gain=args.min_gain, method=method, fresh=args.fresh)
@@ -141,6 +142,28 @@ def _run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(_finite(lock.to_dict()), indent=2))
     return 0
+
+
+def _method(steps: int, warmup: int, in_process: bool, min_gain: float) -> dict[str, Any]:
+    """How the trials are timed and chosen (the lock's ``method``, as :class:`Tuner` records it;
+    part of what a resumed tune must share)."""
+    return {"what": WHAT, "trials": WHERE[in_process], "timed_steps": steps, "warmup_steps": warmup,
+            "min_gain": min_gain}
+
+
+def _kept(s: TuneSetup, out: str, method: dict[str, Any], stream: TextIO) -> dict[str, Any]:
+    """The measurements an interrupted tune left that a tune with these settings would resume (as
+    :class:`Tuner` decides: the same job, device, versions and method), else none, saying why."""
+    side = side_path(out)
+    data = read_side(side) or {}
+    if not data:
+        return {}
+    header = {**s.fingerprint(), "method": method}
+    differs = sorted(k for k in header if data.get("header", {}).get(k) != header[k])
+    if differs:
+        print(f"{side}: not resumed, its measurements were made under another {', '.join(differs)}", file=stream)
+        return {}
+    return dict(data.get("measurements", {}))
 
 
 def _finite(obj: Any) -> Any:
@@ -162,10 +185,10 @@ def _print_head(s: TuneSetup, out: str, stream: TextIO) -> None:
 
 
 def dry_run(s: TuneSetup, out: str, steps: int, warmup: int, fresh: bool, stream: TextIO, *,
-            in_process: bool = False) -> None:
+            in_process: bool = False, min_gain: float = MIN_GAIN) -> None:
     """What a tune of ``s`` would time, in words (nothing is built on the device, nothing timed)."""
     _print_head(s, out, stream)
-    kept = {} if fresh else (read_side(side_path(out)) or {}).get("measurements", {})
+    kept = {} if fresh else _kept(s, out, _method(steps, warmup, in_process, min_gain), stream)
     print(f"method: {WHAT}; {WHERE[in_process]}", file=stream)
     trials = s.trials()
     print(f"\ntrials ({len(trials)}, each {warmup} warm-up + {steps} timed steps; then the tuned plan once, if any "
@@ -204,6 +227,24 @@ def trials_json(s: TuneSetup, out: str, steps: int, warmup: int) -> dict[str, An
                          for r in s.requests]}
 
 
+def speed_summary(lock: PlanLock) -> str:
+    """The step time of the plan the lock keeps, against the static plan's. Where the tuned plan
+    was timed and rejected (not ``--min-gain`` faster), the lock keeps the static plan: its speed
+    is the static plan's, and the rejected plan's figure is said as the rejected plan's."""
+    st, tu = lock.static_step_ms, lock.tuned_step_ms
+    if st is None or math.isnan(st):
+        return "static auto: not measured"
+    if not any(c.static is not None and c.full_name != c.static for c in lock.choices):
+        if tu is None or math.isnan(tu) or tu == st:
+            return f"kept: the static plan, {st:.2f} ms/step (no choice differs from it; measured in this tune)"
+        return (f"kept: the static plan, {st:.2f} ms/step; the tuned plan measured {tu:.2f} ms/step ({st / tu:.3f}x "
+                "the static plan's speed) and was not kept (both measured in this tune)")
+    if tu is None or math.isnan(tu):
+        return f"kept: the tuned plan, not timed as a whole; the static plan: {st:.2f} ms/step"
+    return (f"kept: the tuned plan, {tu:.2f} ms/step against the static plan's {st:.2f} ms/step (both measured in "
+            f"this tune): {st / tu:.3f}x the static plan's speed")
+
+
 def report(lock: PlanLock, s: TuneSetup, out: str, stream: TextIO) -> None:
     """The choices of a finished tune, the static and the tuned step, and how to use the lock."""
     print(f"\nplan lock written: {out}", file=stream)
@@ -214,10 +255,7 @@ def report(lock: PlanLock, s: TuneSetup, out: str, stream: TextIO) -> None:
         rows.append((f"{c.op}/{'|'.join(c.variants)}", c.full_name, c.static or "-", ms, c.why.split(" (")[0]))
     for line in text_columns(rows, "  "):
         print(line, file=stream)
-    st, tu = lock.static_step_ms, lock.tuned_step_ms
-    if st and tu and not (math.isnan(st) or math.isnan(tu)):
-        print(f"static auto {st:.2f} ms/step, tuned {tu:.2f} ms/step (both measured in this tune): {st / tu:.3f}x "
-              "the static plan's speed", file=stream)
+    print(speed_summary(lock), file=stream)
     rel = os.path.relpath(out, os.path.dirname(os.path.abspath(s.job["path"])))
     rel = os.path.abspath(out) if rel.startswith("..") else rel
     print(f"use it: veomni-ops train {s.job['path']} --lock {out}  (or put `lock: {rel}` in the job YAML, or set "

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..config import AUTO, OP_TO_FIELD
-from ..device import DeviceInfo, current_device, is_local
+from ..device import DeviceInfo, current_device, is_local, parse_device
 from ..lock import KernelNames, LockChoice, PlanLock, device_fingerprint, now, versions_here
 from ..plan import KernelPlan
 from ..registry import RegisteredKernel, Registry
@@ -139,7 +139,14 @@ def tune_device(job: dict[str, Any]) -> tuple[str, DeviceInfo]:
     from ..train.model import resolve_device
 
     where = resolve_device(job["train"]["device"])
-    return where, current_device(plan_device(where))
+    dev = current_device(plan_device(where))
+    wants = parse_device(where.split(":")[0]).type
+    if dev.type != wants and not dev.from_env and wants != "cpu":
+        # A job for a GPU read on a machine without one: plan for the job's device (a GPU of unknown
+        # capability), not this machine's CPU, so that a dry run shows the plan the job would get
+        # there and a real tune refuses to time it here (it was timing the CPU's plan).
+        dev = replace(parse_device(wants), name=f"the job's train.device {job['train']['device']}")
+    return where, dev
 
 
 def check_tunable(job: dict[str, Any]) -> None:

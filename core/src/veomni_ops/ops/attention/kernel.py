@@ -27,14 +27,21 @@ never ignored (:func:`packing_mask`):
   query and key length) that restart within a row (a position that does not continue the
   previous one by +1: transformers' and veomni-flash's rule) become the same block mask. Telling
   whether they restart is one host synchronisation, made once per ``position_ids`` tensor
-  (cached on its identity and version: the layers of a forward share one), and skipped under
-  ``torch.compile``, where the mask is built whenever ``position_ids`` are given. Position ids
+  (cached on its identity and version: the layers of a forward share one). Under
+  ``torch.compile`` it cannot be made (it would break the graph), so the mask is built whenever
+  ``position_ids`` are given -- unless the compiled call was told, by code running eagerly
+  around it, that they do not restart (:func:`positions_checked`; ``veomni_ops.compile_layers``
+  does that around each compiled decoder layer): then a row of one document keeps sdpa's flash
+  path (``is_causal``, no ``[B, 1, S, S]`` mask). Position ids
   of any other shape (``[3, B, S]`` multimodal rotary positions, a sequence-parallel shard)
   carry no packing: packed batches of those come with the mask or ``cu_seq_lens``.
 
 Refusals are ``ValueError`` naming the argument and the kernels that honour it. The block
-mask is ``[B, 1, S, Sk]`` booleans: packed training at length belongs to a varlen flash
-kernel (veomni-flash), which needs no mask.
+mask is ``[B, 1, S, Sk]`` booleans, and sdpa leaves its fast kernels for it: so on CUDA (capability
+>= 8.0, bf16/fp16, outside ``torch.compile``) ``sdpa`` hands a packed self-attention call with
+no mask, dropout, window or soft-capping to torch's own FlashAttention varlen kernel
+(``torch.nn.attention.varlen``, torch >= 2.10), which takes the documents' cumulative lengths
+and needs no mask (:func:`_varlen_packed`); veomni-flash's varlen kernels are the others.
 
 Attention sinks (GPT-OSS's ``s_aux``: one learned logit per head that joins every row's
 softmax and is then dropped) are honoured by ``eager``, as GPT-OSS's own eager attention.
@@ -57,7 +64,11 @@ FlexAttention has no backward on the CPU: there it runs forward only (without gr
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import inspect
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -69,7 +80,7 @@ from ...kernels.checks import can_read_values, check_float, check_integer, check
 #: ``veomni_ops.kernels.<module>`` re-exports.
 __all__ = ["FLEX_MIN_HEAD_DIM_CUDA", "can_read_values", "check_float", "check_integer", "check_ndim",
     "check_same_device", "eager_attention", "end_aligned_mask", "flex_attention_kernel", "flex_head_dim_problem",
-    "is_causal", "packing_mask", "sdpa_attention"]
+    "is_causal", "packing_mask", "positions_checked", "sdpa_attention"]
 
 _OP = "attention"
 #: Who else honours the packing arguments, for refusals.
@@ -202,6 +213,11 @@ def _cu_block_mask(cq: torch.Tensor, ck: torch.Tensor, sq: int, sk: int, causal:
 
 _RESTARTS: dict[int, tuple[weakref.ref, int, bool]] = {}
 
+#: While a compiled call runs inside :func:`positions_checked`: the shape of its ``position_ids``,
+#: found (eagerly, before the call) not to restart; else None. Dynamo reads it as a constant and
+#: guards on it, so a call with restarting (packed) positions compiles its own graph, with the mask.
+_UNPACKED_SHAPE: tuple[int, ...] | None = None
+
 
 def _restarts(position_ids: torch.Tensor) -> bool:
     """Whether ``[B', S]`` position ids restart within a row: one host synchronisation, cached
@@ -219,6 +235,35 @@ def _restarts(position_ids: torch.Tensor) -> bool:
     except TypeError:  # a tensor type without weak references: no caching
         pass
     return result
+
+
+def _positions_2d(pos: Any, sq: int | None = None) -> torch.Tensor | None:
+    """``position_ids`` as ``[B', S]`` when they can carry packing (``[S]`` or ``[B', S]`` integers,
+    ``S`` = ``sq`` where given), else None (e.g. ``[3, B, S]`` multimodal positions)."""
+    if not isinstance(pos, torch.Tensor) or pos.dim() not in (1, 2) or pos.is_floating_point():
+        return None
+    if sq is not None and pos.shape[-1] != sq:
+        return None
+    return pos.reshape(-1, pos.shape[-1]) if pos.dim() == 1 else pos
+
+
+@contextlib.contextmanager
+def positions_checked(position_ids: Any) -> Iterator[None]:
+    """Run a compiled call (a decoder layer) knowing whether the ``position_ids`` it passes to
+    attention restart. Call it eagerly, outside the compiled code: it checks them (one host
+    synchronisation per tensor, cached as the kernels' own check) and, where they do not
+    restart, lets :func:`packing_mask` inside the call leave the mask out, as it does eagerly.
+    The kernel trusts the check only for position ids of the shape checked (a sequence-parallel
+    kernel sees the gathered ones, of another shape, and builds the mask as before). Nesting
+    restores the outer state; anything not a ``[S]`` / ``[B', S]`` integer tensor is no check."""
+    global _UNPACKED_SHAPE
+    pos = _positions_2d(position_ids)
+    before = _UNPACKED_SHAPE
+    _UNPACKED_SHAPE = None if pos is None or _restarts(pos) else tuple(position_ids.shape)
+    try:
+        yield
+    finally:
+        _UNPACKED_SHAPE = before
 
 
 def packing_mask(
@@ -260,13 +305,14 @@ def packing_mask(
                              f"{ck.numel() - 1}; they must describe the same documents")
         block = _cu_block_mask(cq, ck, sq, sk, causal, window, query.device)[None, None]
     elif attention_mask is None and kwargs.get("position_ids") is not None and sq == sk:
-        pos = kwargs["position_ids"]
-        if not isinstance(pos, torch.Tensor) or pos.dim() not in (1, 2) or pos.shape[-1] != sq:
+        given = kwargs["position_ids"]
+        pos = _positions_2d(given, sq)
+        if pos is None or pos.shape[0] not in (1, b):
             return attention_mask  # not packing information (e.g. [3, B, S] multimodal positions)
-        pos = pos.reshape(-1, sq) if pos.dim() == 1 else pos
-        if pos.shape[0] not in (1, b) or pos.is_floating_point():
-            return attention_mask
-        if not torch.compiler.is_compiling() and not _restarts(pos):
+        if torch.compiler.is_compiling():
+            if _UNPACKED_SHAPE is not None and tuple(given.shape) == _UNPACKED_SHAPE:
+                return attention_mask  # checked eagerly around this compiled call (positions_checked)
+        elif not _restarts(pos):
             return attention_mask  # one document per row: the causal default is the packing
         pos = pos.to(query.device)
         starts = torch.ones_like(pos, dtype=torch.bool)
@@ -345,6 +391,87 @@ def eager_attention(
     return attn_output.transpose(1, 2).contiguous(), attn_weights
 
 
+@functools.cache
+def _varlen_kernel() -> Any:
+    """torch's FlashAttention varlen kernel (``torch.nn.attention.varlen.varlen_attn``, torch >=
+    2.10), or None where this torch has none."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+def _varlen_usable(query: torch.Tensor) -> bool:
+    """Can torch's varlen kernel take this query: CUDA (not ROCm) of capability >= 8.0, half precision."""
+    return (query.device.type == "cuda" and torch.version.hip is None and query.dtype in (torch.float16, torch.bfloat16)
+            and torch.cuda.get_device_capability(query.device)[0] >= 8 and _varlen_kernel() is not None)
+
+
+def _packed_cu(kwargs: dict[str, Any], b: int, s: int) -> tuple[torch.Tensor, int] | None:
+    """The documents of a packed self-attention call over the flattened ``[b * s]`` tokens: the
+    cumulative lengths (int32) and the longest; None where the call is not packed (or gives
+    ``cu_seq_lens`` that :func:`packing_mask` refuses or that differ for queries and keys)."""
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    if cu_q is not None or cu_k is not None:
+        if cu_q is None or cu_k is None or b != 1 or not (cu_q is cu_k or torch.equal(cu_q, cu_k)):
+            return None
+        cu = _check_cu(cu_q, "cu_seq_lens_q", s, "sdpa")
+        given = kwargs.get("max_length_q")
+        longest = int(given) if given is not None else int((cu[1:] - cu[:-1]).max())
+        return cu.to(torch.int32), longest
+    pos = _positions_2d(kwargs.get("position_ids"), s)
+    if pos is None or pos.shape[0] not in (1, b) or not _restarts(pos):
+        return None
+    pos = pos.expand(b, s)
+    starts = torch.ones_like(pos, dtype=torch.bool)
+    starts[:, 1:] = pos[:, 1:] != pos[:, :-1] + 1
+    ends = torch.tensor([b * s], device=pos.device)
+    cu = torch.cat([starts.reshape(-1).nonzero().flatten(), ends]).to(torch.int32)
+    return cu, int((cu[1:] - cu[:-1]).max())
+
+
+def _varlen_packed(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any,
+                   dropout: float, scaling: float | None, sliding_window: int | None, softcap: float | None,
+                   kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """A packed row (``position_ids`` restarting, or ``cu_seq_lens``) through torch's varlen
+    kernel, as ``[B, S, Hq, D]``: each document attends to itself alone, with no ``[S, S]`` mask
+    (the mask sdpa needs for one holds S^2 booleans and leaves sdpa's fast kernels: on an H100 at
+    32k tokens a row, 226 ms forward + backward against 17 ms, ``benchmarks/results/
+    h100-2026-12-06-attention-long-rows/``). None where it does not apply: a mask given, dropout,
+    a window, soft-capping, cross-attention, head dims over 256, not packed, or a device or dtype
+    the kernel does not take; the call then goes on as before (the block mask)."""
+    if (attention_mask is not None or dropout or softcap is not None or sliding_window is not None
+            or torch.compiler.is_compiling() or not _varlen_usable(query)):
+        return None
+    b, hq, s, d = query.shape
+    hk = key.shape[1]
+    if key.shape[2] != s or value.shape[-1] != d or d > 256:
+        return None
+    packed = _packed_cu(kwargs, b, s)
+    if packed is None:
+        return None
+    cu, longest = packed
+    fn = _varlen_kernel()
+    params = inspect.signature(fn).parameters
+    q = query.transpose(1, 2).reshape(b * s, hq, d)
+    k = key.transpose(1, 2).reshape(b * s, hk, d)
+    v = value.transpose(1, 2).reshape(b * s, hk, d)
+    extra: dict[str, Any] = {}
+    if hk != hq:
+        if "enable_gqa" in params:
+            extra["enable_gqa"] = True
+        else:  # query head h reads key/value head h // (hq / hk), as sdpa's enable_gqa
+            k, v = k.repeat_interleave(hq // hk, dim=1), v.repeat_interleave(hq // hk, dim=1)
+    causal = is_causal(module, kwargs)
+    if "is_causal" in params:
+        extra["is_causal"] = causal
+    else:
+        extra["window_size"] = (-1, 0) if causal else (-1, -1)
+    out = fn(q, k, v, cu, cu, longest, longest, scale=scaling, **extra)
+    return out.view(b, s, hq, d)
+
+
 def sdpa_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -361,6 +488,10 @@ def sdpa_attention(
     """``F.scaled_dot_product_attention`` as transformers calls it; returns ``([B, S, Hq, D], None)``."""
     n_rep = _check(query, key, value, attention_mask, "sdpa")
     _check_unsupported("sdpa", softcap, kwargs)
+    packed = _varlen_packed(module, query, key, value, attention_mask, dropout, scaling, sliding_window, softcap,
+                            kwargs)
+    if packed is not None:
+        return packed, None
     attention_mask = packing_mask(module, query, key, attention_mask, sliding_window, kwargs, "sdpa")
     q_len, kv_len = query.shape[2], key.shape[2]
     causal = q_len > 1 and attention_mask is None and is_causal(module, kwargs)

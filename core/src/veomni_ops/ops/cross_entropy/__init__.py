@@ -19,7 +19,10 @@ The result is ``sum_i CE(z_i, labels_i)`` over ``labels_i != ignore_index``, in
 float32 (logits are upcast to float32 before the log-softmax). For
 ``fused_linear``, ``z = hidden @ weight.T (+ bias)`` computed in the input dtype
 and never held whole for all N tokens (that is its point). With every label
-ignored the sum is 0 and gradients are zero.
+ignored the sum is 0 and gradients are zero. (The core's division then gives the
+loss nan, 0/0, as transformers' does, and hands the kernel a zero gradient rather
+than 1/0: a kernel that scales gradients stored in its forward gets no inf to
+multiply. The kit's ``all-ignored-mean`` / ``-num-items-0`` cases check that.)
 
 Labels outside ``[0, V)`` other than ``ignore_index`` are an error: ``ValueError``
 naming the op and the offending label. Reading the labels costs a host

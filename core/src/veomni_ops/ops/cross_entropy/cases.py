@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 import torch
 
+from ...losses import normalise
 from ...testing.cases.base import Builder, Case, OpHarness, loss_dtypes, pick
 
 #: Cut Cross-Entropy's gradient filter for 16-bit inputs: a tile of the logits' gradient whose
@@ -116,7 +117,37 @@ def _ce_call(fn, inp, reference):
         if inp.get("bias") is not None:
             kw["bias"] = inp["bias"]
         out = fn(inp["hidden"], inp["weight"], inp["labels"], **kw)
+    if inp.get("normalised"):
+        # The loss the model returns: the core's division of the kernel's sum (veomni_ops.losses),
+        # by num_items_in_batch where the case gives one, else by the counted tokens.
+        out = normalise(out, inp["labels"], inp["ignore_index"], inp.get("num_items_in_batch"))
     return (out,)
+
+
+def _normalised(build: Callable[[Builder], dict], divide: str | None) -> Callable[[Builder], dict]:
+    """``build`` whose case is the model's loss, not the kernel's sum: divided by the counted
+    tokens (``divide="count"``, transformers' mean) or by ``num_items_in_batch = 0``
+    (``divide="num_items_0"``: gradient accumulation over micro-batches that count nothing)."""
+    if divide is None:
+        return build
+    if divide not in ("count", "num_items_0"):
+        raise ValueError(f"divide must be None, 'count' or 'num_items_0', got {divide!r}")
+
+    def normalised(b: Builder) -> dict:
+        out = {**build(b), "normalised": True}
+        if divide == "num_items_0":
+            out["num_items_in_batch"] = torch.zeros((), dtype=torch.long, device=b.device)
+        return out
+
+    return normalised
+
+
+#: Every label ignored, the sum divided as the model divides it: the kernel gets the gradient 1/0 = inf.
+_DIVIDED = {"count": ("every label ignored, divided by the counted tokens as the model's loss is (transformers' "
+                      "mean): loss nan (0/0), every gradient zero as transformers' (a kernel that scales stored "
+                      "gradients by the incoming inf would give nan)"),
+            "num_items_0": ("every label ignored, divided by num_items_in_batch = 0 (gradient accumulation over "
+                            "prompt-only micro-batches): loss nan, every gradient zero as transformers'")}
 
 
 def _gauss(b: Builder) -> Gauss:
@@ -134,7 +165,7 @@ _PEAKED_FULL = ("peaked rows as the bench draws them (Zipf exponent 1 + N(0, 1) 
 
 
 def _ce_logits_cases(size: str) -> list[Case]:
-    def case(name, about, n, v, *, scale=3.0, ignore_index=-100, frac=0.25, pad=0, zipf=0.0):
+    def case(name, about, n, v, *, scale=3.0, ignore_index=-100, frac=0.25, pad=0, zipf=0.0, divide=None):
         def build(b: Builder):
             if zipf:
                 logits = peaked_logits(_gauss(b), n, v, exponent=zipf).to(b.dtype)
@@ -144,7 +175,7 @@ def _ce_logits_cases(size: str) -> list[Case]:
                 logits = b.randn(n, v, scale=scale)
             return {"logits": logits, "labels": _labels(b, n, v, ignore_index, frac), "ignore_index": ignore_index}
 
-        return Case(name, build, ("logits",), about)
+        return Case(name, _normalised(build, divide), ("logits",), about)
 
     small = [
         case("mixed-13x37", "a quarter of the labels ignored", 13, 37),
@@ -155,6 +186,8 @@ def _ce_logits_cases(size: str) -> list[Case]:
         case("large-logits-6x33", "|logits| ~ 40: log-sum-exp must be stable", 6, 33, scale=40.0, frac=0.0),
         case("peaked-zipf2-32x2048", _PEAKED_SMALL, 32, 2048, zipf=2.0),
         case("peaked-16x4096", _PEAKED_BENCH, 16, 4096, zipf=1.0),
+        case("all-ignored-mean-5x16", _DIVIDED["count"], 5, 16, frac=1.0, divide="count"),
+        case("all-ignored-num-items-0-5x16", _DIVIDED["num_items_0"], 5, 16, frac=1.0, divide="num_items_0"),
     ]
     full = [
         case("mixed-2048x32768", "vocabulary 32k", 2048, 32768),
@@ -163,12 +196,16 @@ def _ce_logits_cases(size: str) -> list[Case]:
         case("strided-rows-512x32000", "rows with a stride", 512, 32000, pad=64),
         case("large-logits-128x151936", "|logits| ~ 40, Qwen vocabulary", 128, 151936, scale=40.0, frac=0.0),
         case("peaked-2048x151936", _PEAKED_FULL, 2048, 151936, zipf=1.0),
+        case("all-ignored-mean-256x32000", _DIVIDED["count"], 256, 32000, frac=1.0, divide="count"),
+        case("all-ignored-num-items-0-256x32000", _DIVIDED["num_items_0"], 256, 32000, frac=1.0,
+             divide="num_items_0"),
     ]
     return pick(size, small, full)
 
 
 def _ce_linear_cases(size: str) -> list[Case]:
-    def case(name, about, n, h, v, *, bias=False, ignore_index=-100, frac=0.25, pad=0, logit_scale=2.0, zipf=0.0):
+    def case(name, about, n, h, v, *, bias=False, ignore_index=-100, frac=0.25, pad=0, logit_scale=2.0, zipf=0.0,
+             divide=None):
         def build(b: Builder):
             if zipf:
                 hidden, weight = (t.to(b.dtype) for t in peaked_linear(_gauss(b), n, h, v, exponent=zipf))
@@ -181,7 +218,7 @@ def _ce_linear_cases(size: str) -> list[Case]:
             return out
 
         diff = ("hidden", "weight", "bias") if bias else ("hidden", "weight")
-        return Case(name, build, diff, about)
+        return Case(name, _normalised(build, divide), diff, about)
 
     small = [
         case("mixed-37x24x53", "a quarter of the labels ignored", 37, 24, 53),
@@ -192,6 +229,8 @@ def _ce_linear_cases(size: str) -> list[Case]:
         case("ignore-index-0-17x16x24", "ignore_index=0, a real class id", 17, 16, 24, ignore_index=0, frac=0.3),
         case("peaked-zipf2-64x16x2048", _PEAKED_SMALL, 64, 16, 2048, zipf=2.0),
         case("peaked-32x16x4096", _PEAKED_BENCH, 32, 16, 4096, zipf=1.0),
+        case("all-ignored-mean-8x16x32", _DIVIDED["count"], 8, 16, 32, frac=1.0, divide="count"),
+        case("all-ignored-num-items-0-8x16x32", _DIVIDED["num_items_0"], 8, 16, 32, frac=1.0, divide="num_items_0"),
     ]
     full = [
         case("mixed-4096x2560x32000", "hidden 2560, vocabulary 32k", 4096, 2560, 32000),
@@ -201,6 +240,9 @@ def _ce_linear_cases(size: str) -> list[Case]:
         case("all-ignored-256x1024x32000", "every label ignored", 256, 1024, 32000, frac=1.0),
         case("strided-hidden-600x2048x16384", "hidden rows with a stride", 600, 2048, 16384, pad=128),
         case("peaked-1024x2560x151936", _PEAKED_FULL, 1024, 2560, 151936, zipf=1.0),
+        case("all-ignored-mean-256x1024x32000", _DIVIDED["count"], 256, 1024, 32000, frac=1.0, divide="count"),
+        case("all-ignored-num-items-0-256x1024x32000", _DIVIDED["num_items_0"], 256, 1024, 32000, frac=1.0,
+             divide="num_items_0"),
     ]
     return pick(size, small, full)
 
