@@ -245,6 +245,7 @@ def test_other_out_of_range_indices_raise_naming_op_index_and_e(kernel, bad):
 def test_index_check_policy(monkeypatch):
     from veomni_ops.kernels import checks
     from veomni_ops.kernels import moe as M
+    from veomni_ops.ops.moe_experts import checks as moe_checks
 
     idx = torch.tensor([[0, 7]])
     # kernels that synchronise anyway always read the values
@@ -252,12 +253,14 @@ def test_index_check_policy(monkeypatch):
         M.check_expert_index(idx, 4, always=True)
     # an accelerator tensor (pretend): without the switch the rule is asserted on the device,
     # with VEOMNI_OPS_CHECK_VALUES=1 (value_checks) the values are read and the error is exact
-    # (the rule is defined in checks, beside the other ops' input checks; moe re-exports it)
-    monkeypatch.setattr(checks, "can_read_values", lambda x: checks.value_checks_on())
+    # (the rule is defined in the op's folder, ops/moe_experts/checks.py; kernels.checks and
+    # kernels.moe re-export it, so the module to patch is the one that defines it)
+    assert M.check_expert_index is checks.check_expert_index is moe_checks.check_expert_index
+    monkeypatch.setattr(moe_checks, "can_read_values", lambda x: checks.value_checks_on())
     asserted = []
-    monkeypatch.setattr(checks, "device_assert", lambda ok, msg: asserted.append((bool(ok), msg)))
+    monkeypatch.setattr(moe_checks, "device_assert", lambda ok, msg: asserted.append((bool(ok), msg)))
     M.check_expert_index(idx, 4)
-    assert asserted == [(False, checks._index_message("moe_experts", None, 4))]
+    assert asserted == [(False, moe_checks._index_message("moe_experts", None, 4))]
     with checks.value_checks():
         with pytest.raises(ValueError, match="holds 7"):
             M.check_expert_index(idx, 4, backend="x")

@@ -28,18 +28,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ...kernels.checks import (
-    check_chunk_size,
-    check_float,
-    check_label_values,
-    check_labels,
-    check_linear_cross_entropy_inputs,
-    check_ndim,
-    check_same_device,
-)
+from ...kernels.tensor_checks import check_float, check_ndim, check_same_device
+from .checks import check_chunk_size, check_label_values, check_labels, check_linear_cross_entropy_inputs
 from .memory import CHUNK_LOGITS_BUDGET_BYTES, MIN_CHUNK_TOKENS, MIN_CHUNKS, default_chunk_size
 
-#: Its kernels, and the input checks they use (:mod:`veomni_ops.kernels.checks`): what
+#: Its kernels, and the input checks they use (its folder's :mod:`.checks`): what
 #: ``veomni_ops.kernels.<module>`` re-exports.
 __all__ = ["CHUNK_LOGITS_BUDGET_BYTES", "MIN_CHUNKS", "MIN_CHUNK_TOKENS", "WEIGHT_GRAD_SLICE_BYTES",
     "add_weight_grad_", "check_chunk_size", "check_float", "check_label_values", "check_labels",

@@ -20,9 +20,9 @@ from collections.abc import Sequence
 
 import torch
 
-from ...kernels.checks import check_float, check_ndim
+from ...kernels.tensor_checks import check_float, check_ndim
 
-#: Its kernels, and the input checks they use (:mod:`veomni_ops.kernels.checks`): what
+#: Its kernels, and the input checks they use (:mod:`veomni_ops.kernels.tensor_checks`): what
 #: ``veomni_ops.kernels.<module>`` re-exports.
 __all__ = ["check_float", "check_ndim", "load_balancing_loss"]
 

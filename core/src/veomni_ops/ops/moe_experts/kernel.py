@@ -5,8 +5,9 @@
 * :func:`check_expert_index` — the contract's rule for expert indices: ``-1``
   (:data:`NO_EXPERT`) and ``E`` route nowhere (the expert-parallel sentinel), anything else
   outside ``[0, E)`` raises ``ValueError``; public for adapters too. These three are defined
-  in :mod:`veomni_ops.kernels.checks` beside the other ops' input checks (so that
-  ``BackendChecks`` binds them without importing this module) and are importable from here.
+  beside this module in :mod:`veomni_ops.ops.moe_experts.checks` (so that ``BackendChecks``
+  binds them without importing this module), re-exported by :mod:`veomni_ops.kernels.checks`,
+  and are importable from here.
   :func:`routed` marks the routes that reach an expert.
 * :func:`moe_experts_eager` — the reference: a Python loop over the experts that are hit,
   op for op as transformers' ``Qwen3MoeExperts.forward`` (so bitwise equal to it). It
@@ -34,9 +35,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ...kernels.checks import NO_EXPERT, check_expert_index, check_moe_inputs
+from .checks import NO_EXPERT, check_expert_index, check_moe_inputs
 
-#: Its kernels, and the input checks they use (:mod:`veomni_ops.kernels.checks`): what
+#: Its kernels, and the input checks they use (its folder's :mod:`.checks`): what
 #: ``veomni_ops.kernels.<module>`` re-exports.
 __all__ = ["NO_EXPERT", "check_expert_index", "check_moe_inputs", "grouped_mm_available", "moe_experts_eager",
     "moe_experts_grouped_mm", "routed"]

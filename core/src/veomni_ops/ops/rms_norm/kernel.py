@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from ...kernels.checks import check_rms_norm_inputs
+from .checks import check_rms_norm_inputs
 
-#: Its kernels, and the input checks they use (:mod:`veomni_ops.kernels.checks`): what
+#: Its kernels, and the input checks they use (its folder's :mod:`.checks`): what
 #: ``veomni_ops.kernels.<module>`` re-exports.
 __all__ = ["check_rms_norm_inputs", "rms_norm_offset", "rms_norm_standard"]
 

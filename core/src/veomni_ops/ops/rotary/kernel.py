@@ -4,18 +4,18 @@ Op for op as transformers' ``apply_rotary_pos_emb`` of qwen3 (full: R == D) and 
 qwen3_next (partial: the first R channels rotate, the rest pass through), so the
 results are bitwise equal in the same dtype. Autograd provides the backward.
 
-:func:`check_rotary_inputs`, the contract's input checks, is defined in
-:mod:`veomni_ops.kernels.checks` beside the other ops' (so that ``BackendChecks`` binds it
-without importing this module) and is importable from here.
+:func:`check_rotary_inputs`, the contract's input checks, is defined beside this module in
+:mod:`veomni_ops.ops.rotary.checks` (so that ``BackendChecks`` binds it without importing this
+module), is re-exported by :mod:`veomni_ops.kernels.checks` and is importable from here.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ...kernels.checks import check_rotary_inputs
+from .checks import check_rotary_inputs
 
-#: Its kernels, and the input checks they use (:mod:`veomni_ops.kernels.checks`): what
+#: Its kernels, and the input checks they use (its folder's :mod:`.checks`): what
 #: ``veomni_ops.kernels.<module>`` re-exports.
 __all__ = ["apply_rotary", "check_rotary_inputs"]
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ...kernels.checks import check_swiglu_inputs
+from .checks import check_swiglu_inputs
 
-#: Its kernels, and the input checks they use (:mod:`veomni_ops.kernels.checks`): what
+#: Its kernels, and the input checks they use (its folder's :mod:`.checks`): what
 #: ``veomni_ops.kernels.<module>`` re-exports.
 __all__ = ["check_swiglu_inputs", "silu_mul"]
 
