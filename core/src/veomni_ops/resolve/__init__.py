@@ -30,8 +30,10 @@ The package, by concern:
   (:func:`load_kernel`, :func:`import_failure`);
 - :mod:`.checks`: whether a kernel can serve a target (:func:`static_problem`,
   :func:`kernel_problem`, :class:`OpRequest`);
-- :mod:`.explain`: refusals and their fix-it hints (:class:`Refusal`, :class:`ResolutionError`,
-  :func:`install_hint`);
+- :mod:`.refusal`: the types a refusal is made of (:class:`RefusalKind`, :class:`Problem`,
+  :class:`Refusal`, :class:`ResolutionError`), which :mod:`.checks` and :mod:`.explain` share;
+- :mod:`.explain`: refusals and their fix-it hints (:func:`install_hint`; it re-exports the
+  refusal types);
 - :mod:`.rank`: what ``auto`` takes (:data:`AUTO_ORDER`, the compile-mode choices, a plan lock);
 - :mod:`.entry`: :func:`resolve`.
 """
@@ -41,17 +43,10 @@ from __future__ import annotations
 from ..target import MemoryBudget, Mode, Need, Needs, Target
 from .checks import OpRequest, kernel_problem, requirement_problem, spec_problem, static_problem, unmet_requirements
 from .entry import all_needs, resolve, resolve_named
-from .explain import (
-    PICK_ANOTHER,
-    Problem,
-    Refusal,
-    RefusalKind,
-    ResolutionError,
-    checkout_plugin_dir,
-    install_hint,
-)
+from .explain import PICK_ANOTHER, checkout_plugin_dir, install_hint
 from .load import import_failure, load_kernel
 from .rank import AUTO_ORDER, REFERENCE, REFERENCE_PREFERS, resolve_auto, resolve_by_lock, variants_for
+from .refusal import Problem, Refusal, RefusalKind, ResolutionError
 
 #: The name ``veomni_ops.train.job`` imports (kept while it does): :func:`all_needs`.
 _all_needs = all_needs

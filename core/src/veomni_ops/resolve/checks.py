@@ -17,8 +17,8 @@ from ..ops import op_def
 from ..registry import RegisteredKernel, Registry
 from ..spec import KernelSpec, SpecError
 from ..target import GIB, Mode, Need, Target
-from .explain import Problem, Refusal, RefusalKind
 from .load import import_failure, import_why, load_kernel, strict_import_error
+from .refusal import Problem, Refusal, RefusalKind
 
 
 def requirement_problem(text: str) -> str | None:
