@@ -94,7 +94,8 @@ def _base(session: nox.Session) -> None:
 @_session
 def lint(session: nox.Session) -> None:
     """ruff (ruff.toml), then mypy (mypy.ini: the core's and every plugin's sources), then the
-    import-graph check (tools/import_graph.py: no import cycle in core/src) and its own tests.
+    import-graph check (tools/import_graph.py: no import cycle in core/src, typing-only ones
+    included, and no import of an op's heavy module from below ops/) and its own tests.
     mypy reads the types of what they import, so the core and every plugin are installed beside it."""
     session.install(TORCH)
     session.install(*CONSTRAINTS, "ruff>=0.6", "mypy", "-e", "core", *TEST_DEPS,

@@ -1,23 +1,36 @@
-"""The import graph of a source tree, and every circle in it.
+"""The import graph of a source tree: every circle in it, and every import across the ops' floor.
 
-    python tools/import_graph.py core/src      # exit 1 naming each cycle, 0 when there is none
+    python tools/import_graph.py core/src      # exit 1 naming each problem, 0 when there is none
 
 The lint session runs it on ``core/src``. Every ``.py`` file below the root that sits in a
 package (a folder with ``__init__.py``, up to the root) is a module, named by its path. Every
 ``import`` and ``from ... import`` counts, at module level and inside functions, classes and
 ``try`` blocks, relative ones resolved against the importing module; imports in the body of an
-``if TYPE_CHECKING:`` (or ``typing.TYPE_CHECKING``) block are left out, since they never run.
-Only imports of modules of the tree make arrows; an arrow points at the deepest module of the
-tree the import names (``from .pkg import sub`` at ``pkg.sub`` when that is a module, else at
-``pkg``).
+``if TYPE_CHECKING:`` (or ``typing.TYPE_CHECKING``) block count too, as *typing-only* arrows:
+they never run, but two modules that know each other only for their types are still one knot,
+so a circle closed by one is a circle (the report marks each typing-only arrow). An arrow is
+typing-only when every import behind it is. Only imports of modules of the tree make arrows; an
+arrow points at the deepest module of the tree the import names (``from .pkg import sub`` at
+``pkg.sub`` when that is a module, else at ``pkg``).
+
+The layering rule: an op folder's heavy modules -- ``<top>.ops.<op>.binder``, ``.cases``,
+``.bench``, ``.kernel`` and ``.parallel`` (and anything below them) -- are imported only from
+inside ``<top>.ops``. Every module below ``ops/`` (the runtime, the kernels' old import paths,
+the tools) reaches them through the ``"module:attr"`` strings the op folders declare, imported
+with ``importlib`` where they are used (imports by string are not arrows). The light tables --
+``<top>.ops`` itself, ``<top>.ops.base``, ``<top>.ops.<op>`` -- are the ground floor: anyone may
+import them, and an op's other modules (``reference``, ``checks``, ``memory``) are not heavy
+by this rule. Typing-only imports count here too.
 
 Not counted: the parent packages Python runs on the way to a module (every submodule's
 package runs first; counting that would make each package ``__init__`` a circle with anything
 it imports), and imports by string (``importlib.import_module``).
 
 A circle is reported as a path that comes back to where it starts, ``a -> b -> a``, with the
-file and line of each arrow's first import; one per module of each strongly connected part of
-the graph (the shortest circle through it), so every module caught in one is named.
+file and line of each arrow's first import (its first runtime import, where it has one); one per
+module of each strongly connected part of the graph (the shortest circle through it), so every
+module caught in one is named. A layering violation is reported as ``file:line`` with the
+import and how to remove it.
 """
 
 from __future__ import annotations
@@ -35,6 +48,18 @@ from pathlib import Path
 #: so that it is deleted when the circle goes.
 ALLOWED: tuple[tuple[str, ...], ...] = ()
 
+#: The op folders' heavy modules (``<top>.ops.<op>.<name>``): only ``<top>.ops`` imports them.
+HEAVY = ("binder", "cases", "bench", "kernel", "parallel")
+
+#: Imports across the ops' floor allowed for now, each ``(source, target, why)``. Like
+#: :data:`ALLOWED`, temporary entries only, naming the work that removes each; an entry that is
+#: no longer found fails the check too.
+ALLOWED_LAYERING: tuple[tuple[str, str, str], ...] = (
+    ("veomni_ops.parallel.fsdp", "veomni_ops.ops.attention.kernel",
+     "the compiled-layer wrapper calls attention's positions_checked; it goes when attention "
+     "declares it by a \"module:attr\" string (ops/attention/kernel.py is being split)"),
+)
+
 
 @dataclass(frozen=True)
 class Arrow:
@@ -44,6 +69,8 @@ class Arrow:
     target: str
     path: Path
     line: int
+    #: Every import behind the arrow is under ``if TYPE_CHECKING:`` (it never runs).
+    typing_only: bool = False
 
 
 def modules(root: Path) -> dict[str, Path]:
@@ -68,17 +95,20 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _imports(node: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Every import statement under ``node`` that can run: ``if TYPE_CHECKING:`` bodies skipped."""
+def _imports(node: ast.AST, typing_only: bool = False) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool]]:
+    """Every import statement under ``node``, each with whether it is typing-only (in the body
+    of an ``if TYPE_CHECKING:``; its ``else`` runs)."""
     if isinstance(node, ast.Import | ast.ImportFrom):
-        yield node
+        yield node, typing_only
         return
     if isinstance(node, ast.If) and _is_type_checking(node.test):
-        children: Iterable[ast.AST] = node.orelse
-    else:
-        children = ast.iter_child_nodes(node)
-    for child in children:
-        yield from _imports(child)
+        for child in node.body:
+            yield from _imports(child, True)
+        for child in node.orelse:
+            yield from _imports(child, typing_only)
+        return
+    for node_below in ast.iter_child_nodes(node):
+        yield from _imports(node_below, typing_only)
 
 
 def _deepest(name: str, known: dict[str, Path]) -> str | None:
@@ -111,18 +141,39 @@ def _targets(module: str, is_package: bool, stmt: ast.Import | ast.ImportFrom, k
 
 
 def arrows(root: Path) -> list[Arrow]:
-    """Every import of one module of the tree by another, in file order (the first of each pair only)."""
+    """Every import of one module of the tree by another, in file order: one arrow per pair, at
+    its first runtime import, or at its first import when all are typing-only."""
     known = modules(root)
-    seen: set[tuple[str, str]] = set()
-    out: list[Arrow] = []
+    out: dict[tuple[str, str], Arrow] = {}
     for module, path in known.items():
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         is_package = path.name == "__init__.py"
-        for stmt in sorted(_imports(tree), key=lambda s: s.lineno):
+        for stmt, typing_only in sorted(_imports(tree), key=lambda s: s[0].lineno):
             for target in _targets(module, is_package, stmt, known):
-                if target != module and (module, target) not in seen:
-                    seen.add((module, target))
-                    out.append(Arrow(module, target, path, stmt.lineno))
+                if target == module:
+                    continue
+                had = out.get((module, target))
+                if had is None or (had.typing_only and not typing_only):
+                    out[(module, target)] = Arrow(module, target, path, stmt.lineno, typing_only)
+    return list(out.values())
+
+
+def _heavy_op_module(name: str) -> str | None:
+    """The ``<top>.ops`` package whose op folder's heavy module ``name`` is, else ``None``."""
+    parts = name.split(".")
+    if len(parts) >= 4 and parts[1] == "ops" and parts[3] in HEAVY:
+        return ".".join(parts[:2])
+    return None
+
+
+def layering(found: Sequence[Arrow]) -> list[Arrow]:
+    """The arrows that cross the ops' floor: into an op's heavy module (:data:`HEAVY`) from a
+    module outside its ``<top>.ops`` package."""
+    out = []
+    for arrow in found:
+        ops = _heavy_op_module(arrow.target)
+        if ops is not None and arrow.source != ops and not arrow.source.startswith(ops + "."):
+            out.append(arrow)
     return out
 
 
@@ -217,21 +268,25 @@ def describe(circle: Sequence[str], found: Sequence[Arrow], root: Path) -> str:
     lines = [" -> ".join(circle)]
     for source, target in zip(circle, circle[1:], strict=False):
         arrow = where[(source, target)]
-        lines.append(f"    {source} -> {target}: {arrow.path.relative_to(root)}:{arrow.line}")
+        kind = " (typing only)" if arrow.typing_only else ""
+        lines.append(f"    {source} -> {target}: {arrow.path.relative_to(root)}:{arrow.line}{kind}")
     return "\n".join(lines)
 
 
-def check(root: Path, allowed: Iterable[Sequence[str]] = ()) -> list[str]:
-    """What is wrong with the tree below ``root``: each circle not in ``allowed``, and each
-    allowed circle that is no longer there. Empty when all is well."""
+def check(
+    root: Path, allowed: Iterable[Sequence[str]] = (), allowed_layering: Iterable[Sequence[str]] = ()
+) -> list[str]:
+    """What is wrong with the tree below ``root``: each circle not in ``allowed`` (typing-only
+    arrows included), each import across the ops' floor not in ``allowed_layering`` (entries
+    ``(source, target, why)``), and each allowance that is no longer needed. Empty when all is well."""
     found = arrows(root)
     circles = cycles(found)
     allow = {_canonical(c) for c in allowed}
     problems = [
         f"import cycle: {describe(circle, found, root)}\n"
-        "    fix: move what both need into a module neither imports, import the other side's "
-        "module where it is used only if that does not close the circle, or put a type-only "
-        "import under `if TYPE_CHECKING:`"
+        "    fix: move what both need (the shared types, say) into a module neither imports, or import "
+        "the other side's module where it is used only if that does not close the circle (a "
+        "typing-only import closes one too)"
         for circle in circles
         if circle not in allow
     ]
@@ -240,25 +295,47 @@ def check(root: Path, allowed: Iterable[Sequence[str]] = ()) -> list[str]:
         "    fix: delete its entry from ALLOWED in tools/import_graph.py"
         for c in sorted(allow - set(circles))
     ]
+    crossing = layering(found)
+    allow_layer = {(entry[0], entry[1]) for entry in allowed_layering}
+    problems += [
+        f"{a.path.relative_to(root)}:{a.line}: {a.source} imports {a.target}, an op's heavy module, from outside "
+        f"{_heavy_op_module(a.target)}{' (typing only)' if a.typing_only else ''}\n"
+        "    fix: import it by the op folder's \"module:attr\" string where it is used (importlib), or move "
+        "what you need into the op's light table or a module below ops/"
+        for a in crossing
+        if (a.source, a.target) not in allow_layer
+    ]
+    problems += [
+        f"allowed layering exception no longer found: {source} -> {target}\n"
+        "    fix: delete its entry from ALLOWED_LAYERING in tools/import_graph.py"
+        for source, target in sorted(allow_layer - {(a.source, a.target) for a in crossing})
+    ]
     return problems
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("root", type=Path, help="the folder holding the top packages (core/src)")
-    parser.add_argument("--no-allow", action="store_true", help="report the ALLOWED circles too")
+    parser.add_argument("--no-allow", action="store_true",
+                        help="report the ALLOWED circles and ALLOWED_LAYERING imports too")
     args = parser.parse_args(argv)
     if not args.root.is_dir():
         parser.error(f"{args.root} is not a folder")
-    problems = check(args.root, () if args.no_allow else ALLOWED)
+    allowed = () if args.no_allow else ALLOWED
+    allowed_layering = () if args.no_allow else ALLOWED_LAYERING
+    problems = check(args.root, allowed, allowed_layering)
     for problem in problems:
         print(problem, file=sys.stderr)
     if problems:
         print(f"{len(problems)} problem(s) in the import graph of {args.root}", file=sys.stderr)
         return 1
-    allowed = () if args.no_allow else ALLOWED
-    print(f"no import cycle in {args.root} ({len(arrows(args.root))} imports between its modules)"
-          + "".join(f"\n    but this one, allowed for now: {' -> '.join(c)}" for c in allowed))
+    found = arrows(root=args.root)
+    typing_only = sum(a.typing_only for a in found)
+    print(f"no import cycle in {args.root} ({len(found)} imports between its modules, {typing_only} of them "
+          "typing-only, counted too)"
+          + "".join(f"\n    but this one, allowed for now: {' -> '.join(c)}" for c in allowed)
+          + "\nno import of an op's heavy module from outside ops/"
+          + "".join(f"\n    but this one, allowed for now: {s} -> {t} ({why})" for s, t, why in allowed_layering))
     return 0
 
 

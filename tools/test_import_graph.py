@@ -36,9 +36,23 @@ def circles(root: Path) -> list[tuple[str, ...]]:
     return ig.cycles(ig.arrows(root))
 
 
-def test_the_core_has_no_import_cycle_but_the_allowed_ones():
-    problems = ig.check(CORE_SRC, ig.ALLOWED)
+def test_the_core_has_no_import_cycle_and_no_layering_violation_but_the_allowed_ones(capsys):
+    problems = ig.check(CORE_SRC, ig.ALLOWED, ig.ALLOWED_LAYERING)
     assert not problems, "\n".join(problems)
+    # the report says so, and counts the typing-only imports among the arrows it looked at
+    assert ig.main([str(CORE_SRC)]) == 0
+    out = capsys.readouterr().out
+    assert "no import cycle in" in out and "typing-only, counted too" in out
+    assert "no import of an op's heavy module from outside ops/" in out
+    for source, target, _why in ig.ALLOWED_LAYERING:
+        assert f"but this one, allowed for now: {source} -> {target}" in out
+
+
+def test_the_core_reaches_op_kernels_below_ops_only_by_string():
+    # the kernels' old import paths (veomni_ops.kernels.<module>) resolve lazily: no arrow
+    found = ig.layering(ig.arrows(CORE_SRC))
+    assert not [a for a in found if a.source.startswith("veomni_ops.kernels")]
+    assert {(a.source, a.target) for a in found} == {(s, t) for s, t, _ in ig.ALLOWED_LAYERING}
 
 
 def test_a_module_level_circle_is_named_as_a_path_with_its_lines(tmp_path, capsys):
@@ -55,7 +69,7 @@ def test_a_module_level_circle_is_named_as_a_path_with_its_lines(tmp_path, capsy
     assert "pkg.c -> pkg.a: pkg/c.py:3" in err and "pkg.a -> pkg.b: pkg/a.py:2" in err
 
 
-def test_imports_inside_functions_count_and_type_checking_ones_do_not(tmp_path):
+def test_imports_inside_functions_count_and_type_checking_ones_too(tmp_path, capsys):
     root = tree(tmp_path, {
         "pkg/__init__.py": "",
         "pkg/low.py": """
@@ -76,7 +90,25 @@ def test_imports_inside_functions_count_and_type_checking_ones_do_not(tmp_path):
         "pkg/mid.py": "from .low import f\n",
         "pkg/high.py": "from .low import f\n",
     })
-    assert circles(root) == [("pkg.low", "pkg.mid", "pkg.low")]
+    # the circle through high is closed by typing-only imports: a circle all the same
+    assert circles(root) == [("pkg.high", "pkg.low", "pkg.high"), ("pkg.low", "pkg.mid", "pkg.low")]
+    typing_only = {(a.source, a.target): a.typing_only for a in ig.arrows(root)}
+    assert typing_only == {("pkg.low", "pkg.high"): True, ("pkg.low", "pkg.mid"): False,
+                           ("pkg.mid", "pkg.low"): False, ("pkg.high", "pkg.low"): False}
+    assert ig.main([str(root), "--no-allow"]) == 1
+    err = capsys.readouterr().err
+    assert "pkg.low -> pkg.high: pkg/low.py:5 (typing only)" in err
+    assert "pkg.low -> pkg.mid: pkg/low.py:12\n" in err  # a runtime arrow is not marked
+
+
+def test_a_pair_imported_at_runtime_and_for_types_is_a_runtime_arrow(tmp_path):
+    root = tree(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import B\ndef f():\n    from . import b\n",
+        "pkg/b.py": "",
+    })
+    [arrow] = ig.arrows(root)
+    assert (arrow.source, arrow.target, arrow.line, arrow.typing_only) == ("pkg.a", "pkg.b", 5, False)
 
 
 def test_a_runtime_import_in_the_else_of_type_checking_counts(tmp_path):
@@ -155,3 +187,56 @@ def test_a_relative_import_above_the_top_package_is_an_error(tmp_path):
     root = tree(tmp_path, {"pkg/__init__.py": "", "pkg/a.py": "from .. import b\n"})
     with pytest.raises(SyntaxError, match="above the top package"):
         ig.arrows(root)
+
+
+OPS_TREE = {
+    "pkg/__init__.py": "",
+    "pkg/ops/__init__.py": "from . import base\n",
+    "pkg/ops/base.py": "",
+    "pkg/ops/norm/__init__.py": "from ..base import x\n",
+    "pkg/ops/norm/kernel.py": "",
+    "pkg/ops/norm/binder.py": "from .kernel import f\n",  # inside ops/: allowed
+    "pkg/ops/norm/checks.py": "",
+    "pkg/ops/norm/reference.py": "",
+    "pkg/runtime/__init__.py": "",
+}
+
+
+def test_a_module_below_ops_importing_an_op_heavy_module_is_a_violation(tmp_path, capsys):
+    root = tree(tmp_path, {
+        **OPS_TREE,
+        "pkg/runtime/use.py": """
+            import importlib
+            from ..ops import norm                  # the light table: the ground floor
+            from ..ops.norm import checks, reference  # not heavy
+            from ..ops.base import x
+            def f():
+                from ..ops.norm.binder import BINDER
+                return importlib.import_module("pkg.ops.norm.kernel")  # by string: not an arrow
+        """,
+        "pkg/runtime/types.py": """
+            from typing import TYPE_CHECKING
+            if TYPE_CHECKING:
+                import pkg.ops.norm.kernel
+        """,
+    })
+    found = ig.layering(ig.arrows(root))
+    assert sorted((a.source, a.target, a.line, a.typing_only) for a in found) == [
+        ("pkg.runtime.types", "pkg.ops.norm.kernel", 4, True),
+        ("pkg.runtime.use", "pkg.ops.norm.binder", 7, False),
+    ]
+    assert ig.main([str(root), "--no-allow"]) == 1  # (the core's allowances do not apply here)
+    err = capsys.readouterr().err
+    assert "pkg/runtime/use.py:7: pkg.runtime.use imports pkg.ops.norm.binder, an op's heavy module" in err
+    assert "pkg/runtime/types.py:4: pkg.runtime.types imports pkg.ops.norm.kernel" in err and "(typing only)" in err
+    assert '    fix: import it by the op folder\'s "module:attr" string' in err
+    assert "2 problem(s)" in err
+
+
+def test_allowed_layering_passes_and_a_stale_allowance_fails(tmp_path):
+    root = tree(tmp_path, {**OPS_TREE, "pkg/runtime/use.py": "from ..ops.norm.kernel import f\n"})
+    assert ig.check(root, (), [("pkg.runtime.use", "pkg.ops.norm.kernel", "why")]) == []
+    problems = ig.check(root, (), [("pkg.runtime.use", "pkg.ops.norm.kernel", "why"),
+                                   ("pkg.runtime", "pkg.ops.norm.bench", "gone")])
+    assert problems == ["allowed layering exception no longer found: pkg.runtime -> pkg.ops.norm.bench\n"
+                        "    fix: delete its entry from ALLOWED_LAYERING in tools/import_graph.py"]

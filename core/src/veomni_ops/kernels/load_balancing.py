@@ -1,5 +1,21 @@
 """``load_balancing_loss``'s reference kernels live in the op's folder, :mod:`veomni_ops.ops.load_balancing_loss.kernel`;
-this module keeps the import path plugins use (``from veomni_ops.kernels.load_balancing import ...``)."""
+this module keeps the import path plugins use (``from veomni_ops.kernels.load_balancing import ...``).
 
-from ..ops.load_balancing_loss.kernel import *  # noqa: F403
-from ..ops.load_balancing_loss.kernel import __all__ as __all__
+Resolved on first use (:mod:`._reexport`), so that importing this module imports no kernel.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._reexport import names, resolve
+
+_KERNEL = "veomni_ops.ops.load_balancing_loss.kernel"
+
+
+def __getattr__(name: str) -> Any:
+    return resolve(__name__, _KERNEL, name)
+
+
+def __dir__() -> list[str]:
+    return names(__name__, _KERNEL)

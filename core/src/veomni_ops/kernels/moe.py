@@ -1,5 +1,21 @@
 """``moe_experts``'s reference kernels live in the op's folder, :mod:`veomni_ops.ops.moe_experts.kernel`;
-this module keeps the import path plugins use (``from veomni_ops.kernels.moe import ...``)."""
+this module keeps the import path plugins use (``from veomni_ops.kernels.moe import ...``).
 
-from ..ops.moe_experts.kernel import *  # noqa: F403
-from ..ops.moe_experts.kernel import __all__ as __all__
+Resolved on first use (:mod:`._reexport`), so that importing this module imports no kernel.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._reexport import names, resolve
+
+_KERNEL = "veomni_ops.ops.moe_experts.kernel"
+
+
+def __getattr__(name: str) -> Any:
+    return resolve(__name__, _KERNEL, name)
+
+
+def __dir__() -> list[str]:
+    return names(__name__, _KERNEL)
