@@ -95,7 +95,8 @@ def _base(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """ruff (ruff.toml), then mypy (mypy.ini: the core's and every plugin's sources), then the
     import-graph check (tools/import_graph.py: no import cycle in core/src, typing-only ones
-    included, and no import of an op's heavy module from below ops/) and its own tests.
+    included, and no import of an op's heavy module from below ops/) and its own tests, and
+    the tests of tools/op_mentions.py.
     mypy reads the types of what they import, so the core and every plugin are installed beside it."""
     session.install(TORCH)
     session.install(*CONSTRAINTS, "ruff>=0.6", "mypy", "-e", "core", *TEST_DEPS,
@@ -103,7 +104,7 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", ".")
     session.run("mypy")
     session.run("python", "tools/import_graph.py", "core/src")
-    session.run("pytest", "tools/test_import_graph.py", "-q")
+    session.run("pytest", "tools/test_import_graph.py", "tools/test_op_mentions.py", "-q")
 
 
 @_session

@@ -49,7 +49,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops.moe_experts.checks import NO_EXPERT, check_expert_index
+from ..kernels.checks import NO_EXPERT, check_expert_index
 from .comm import all_gather, all_gather_nograd, all_to_all, all_to_all_nograd
 
 
