@@ -22,12 +22,7 @@ from ...kernels.tensor_checks import (
     where,
 )
 
-__all__ = [
-    "check_chunk_size",
-    "check_label_values",
-    "check_labels",
-    "check_linear_cross_entropy_inputs",
-]
+__all__ = ["check_chunk_size", "check_label_values", "check_labels", "check_linear_cross_entropy_inputs"]
 
 
 def check_labels(

@@ -23,11 +23,7 @@ from ...kernels.tensor_checks import (
     where,
 )
 
-__all__ = [
-    "NO_EXPERT",
-    "check_expert_index",
-    "check_moe_inputs",
-]
+__all__ = ["NO_EXPERT", "check_expert_index", "check_moe_inputs"]
 
 _MOE = "moe_experts"
 

@@ -10,9 +10,7 @@ import torch
 
 from ...kernels.tensor_checks import TensorCheck, check_eps, check_float, check_same_device, where
 
-__all__ = [
-    "check_rms_norm_inputs",
-]
+__all__ = ["check_rms_norm_inputs"]
 
 
 def check_rms_norm_inputs(

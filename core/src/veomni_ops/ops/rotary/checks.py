@@ -11,9 +11,7 @@ import torch
 
 from ...kernels.tensor_checks import TensorCheck, check_float, check_ndim, check_same_device, where
 
-__all__ = [
-    "check_rotary_inputs",
-]
+__all__ = ["check_rotary_inputs"]
 
 _ROTARY = "rotary"
 

@@ -10,9 +10,7 @@ import torch
 
 from ...kernels.tensor_checks import TensorCheck, check_float, check_same_device, check_same_dtype, where
 
-__all__ = [
-    "check_swiglu_inputs",
-]
+__all__ = ["check_swiglu_inputs"]
 
 
 def check_swiglu_inputs(
