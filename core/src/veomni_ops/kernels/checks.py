@@ -19,7 +19,10 @@ Op-agnostic (:mod:`.tensor_checks`, which also states the value-check policy:
 :func:`can_read_values`, ``VEOMNI_OPS_CHECK_VALUES``, :func:`value_checks`, :func:`device_assert`):
 :func:`check_tensor`, :func:`check_float`, :func:`check_kernel_dtype`, :func:`check_integer`,
 :func:`check_same_device`, :func:`check_same_dtype`, :func:`check_ndim`, :func:`check_eps`,
-:func:`check_index_range`.
+:func:`check_index_range`. Switch value checks with :func:`set_value_checks` or
+:func:`value_checks` (the one switch, in :mod:`.tensor_checks`): the names here are re-exports,
+so replacing one in this module (a test's ``monkeypatch``) changes nothing for the op checks,
+which call their own module's names.
 
 Op-level contract checks, built from these; each takes ``backend`` and a narrower
 ``float_check`` (and ``integer_check``) for a backend's own dtypes or device:
