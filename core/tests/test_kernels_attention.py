@@ -335,7 +335,7 @@ def test_packed_sequences_are_honoured(kernel, dtype, form):
 
 @pytest.mark.parametrize("kernel", ["eager", "sdpa"])
 def test_packed_position_ids_per_row_with_a_window_and_cache_of_the_restart_check(kernel, monkeypatch):
-    from veomni_ops.ops.attention import kernel as A
+    from veomni_ops.ops.attention import packing as A  # where the kernels look it up
 
     b, hq, hk, s, d = 2, 2, 1, 7, 8
     q, k, v = qkv(b, hq, hk, s, d, torch.float32, seed=5)
@@ -428,7 +428,7 @@ def test_sdpa_gives_packed_rows_to_the_varlen_kernel(monkeypatch, gqa, form):
     documents (cumulative lengths over the flattened batch) instead of building the [S, S]
     mask; on the CPU a stand-in takes its place, so what sdpa passes (lengths, longest, layout,
     GQA, causality, scale) is checked against float64, forward and backward."""
-    from veomni_ops.ops.attention import kernel as A
+    from veomni_ops.ops.attention import varlen as A  # where the kernels look it up
 
     calls: list = []
     monkeypatch.setattr(A, "_varlen_usable", lambda q: True)
@@ -453,7 +453,7 @@ def test_sdpa_gives_packed_rows_to_the_varlen_kernel(monkeypatch, gqa, form):
 
 def test_sdpa_keeps_the_mask_where_the_varlen_kernel_does_not_apply(monkeypatch):
     """A mask given, a window, dropout, a row of one document, or a CPU tensor: no varlen call."""
-    from veomni_ops.ops.attention import kernel as A
+    from veomni_ops.ops.attention import varlen as A  # where the kernels look it up
 
     calls: list = []
     monkeypatch.setattr(A, "_varlen_kernel", lambda: _varlen_stand_in(calls, True))
@@ -475,7 +475,7 @@ def test_sdpa_keeps_the_mask_where_the_varlen_kernel_does_not_apply(monkeypatch)
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="torch's varlen kernel runs on CUDA GPUs")
 def test_sdpa_packed_rows_on_cuda_use_the_varlen_kernel_and_match_float64():
     """On a CUDA GPU (capability >= 8.0): the real kernel, a 2,048-token row of 5 documents."""
-    from veomni_ops.ops.attention import kernel as A
+    from veomni_ops.ops.attention import varlen as A  # where the kernels look it up
 
     if not A._varlen_usable(torch.empty(1, device="cuda", dtype=torch.bfloat16)):
         pytest.fail(f"torch {torch.__version__} on {torch.cuda.get_device_name()}: sdpa's varlen path cannot run")

@@ -24,6 +24,10 @@ fields and bad values alike). VeOmni fields for ops veomni-ops does not manage
 (:data:`UNMANAGED_FIELDS`: Qwen3.5's gated norm, causal conv1d and gated delta rule, ...) are
 not errors: they are kept in :attr:`OpsConfig.unmanaged`, reported with an
 :class:`UnmanagedFieldWarning`, and those ops run the model's own code.
+
+The field's values, the tables of legacy and unmanaged fields and the config's errors are in
+:mod:`~veomni_ops.config_values`, reading a YAML file in :mod:`~veomni_ops.config_files`; this
+module re-exports their names.
 """
 
 from __future__ import annotations
@@ -31,90 +35,32 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
-import sys
-import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import FrameType
 from typing import Any
 
-from .ops import OP_DEFS, OP_TABLE
-from .spec import QUALIFIER, SpecError, normalize_name, split_name
-from .veomni import DEFAULTS, VEOMNI_DEFAULTS, device_value, legacy_note
-
-AUTO = "auto"
-
-#: Fields of VeOmni's ``OpsImplementationConfig`` for ops veomni-ops does not manage -> what
-#: the op is. A config may carry them (VeOmni's Qwen3.5 configs do): they are recognised, not
-#: unknown-field errors; their values are kept as given in ``OpsConfig.unmanaged`` and applied
-#: by nobody here (the model's own code runs those ops), and loading a config that sets one
-#: warns with :class:`UnmanagedFieldWarning`. ``veomni-ops resolve`` lists them under the plan.
-UNMANAGED_FIELDS: Mapping[str, str] = {
-    "rms_norm_gated_implementation": "gated RMSNorm of Qwen3.5's GatedDeltaNet",
-    "causal_conv1d_implementation": "causal conv1d of Qwen3.5's GatedDeltaNet",
-    "chunk_gated_delta_rule_implementation": "chunked gated delta rule of Qwen3.5's GatedDeltaNet",
-    "rotary_pos_emb_vision_implementation": "rotary embedding of vision towers",
-    "dsa_indexer_implementation": "DeepSeek sparse-attention indexer",
-    "dsa_attention_implementation": "DeepSeek sparse attention",
-    "mhc_implementation": "DeepSeek-V4 manifold-constrained hyper-connections",
-    "qat_implementation": "DeepSeek-V4 quantization-aware training recipe",
-}
-
-#: Legacy VeOmni values -> current kernel names, per op ("*" = any op). Accepted with a
-#: :class:`LegacyValueWarning` (a DeprecationWarning) that says what to write instead; a
-#: qualified legacy name maps too (``liger_kernel@veomni-liger`` -> ``liger@veomni-liger``).
-#: A legacy value whose kernel depends on the device (:data:`veomni_ops.veomni.DEVICE_VALUES`:
-#: ``fused``, ``fused_triton``, ``liger_kernel`` for the four ops VeOmni defaults to it, ``npu``
-#: for the loss) is kept as written, warned about with what it is per device, and resolved per
-#: device; qualified, it maps here (a distribution named is VeOmni's rewrite opted out of).
-LEGACY_VALUES: Mapping[str, Mapping[str, str]] = {
-    "*": {"liger_kernel": "liger"},
-    **{op: d.legacy for op, d in OP_DEFS.items() if d.legacy},  # each op's own, from its folder
-}
-
-#: What a legacy value meant beyond the kernel it maps to: said in its warning (each op's, from its folder).
-LEGACY_NOTES: Mapping[str, str] = {value: note for d in OP_DEFS.values() for value, note in d.legacy_notes.items()}
-
-#: Environment variables VeOmni removed; setting one is an error that says what to write.
-REMOVED_ENV_VARS: Mapping[str, str] = {
-    "VEOMNI_USE_LIGER_KERNEL": (
-        "set rms_norm_implementation, rotary_pos_emb_implementation, swiglu_mlp_implementation and "
-        "cross_entropy_loss_implementation to 'liger' (or 'eager') in ops_implementation"
-    ),
-    "USE_GROUP_GEMM": "set moe_implementation: triton (or eager) in ops_implementation",
-}
-
-#: Field-name spellings people write for an op, beyond the fields' own stems and the op names.
-_FIELD_ALIASES: Mapping[str, str] = {"rope": "rotary_pos_emb_implementation", "mlp": "swiglu_mlp_implementation"}
-#: How close a misspelt field's stem must be to a field's for "did you mean" (difflib ratio).
-SUGGEST_CUTOFF = 0.8
-
-
-class _Kept(str):
-    """A VeOmni value kept as written (its kernel depends on the device), already warned about:
-    constructing a config from it again (``dataclasses.replace``, :meth:`OpsConfig.for_device`,
-    VeOmni's defaults) does not warn again. Equal to the plain string."""
-
-    __slots__ = ()
-
-
-class ConfigError(ValueError):
-    """The ops configuration is malformed. ``problems`` lists every problem found; where the rest
-    of the config was resolved too (``veomni_ops.resolve`` of a mapping or a file), ``problems``
-    ends with the resolution's refusals, which ``refusals`` holds as well."""
-
-    def __init__(self, message: str, problems: Iterable[str] | None = None, refusals: Iterable[Any] = ()):
-        super().__init__(message)
-        self.problems: tuple[str, ...] = tuple(problems) if problems is not None else (message,)
-        self.refusals: tuple[Any, ...] = tuple(refusals)
-
-
-class LegacyValueWarning(DeprecationWarning):
-    """A legacy VeOmni value was mapped to today's name; the message says what to write."""
-
-
-class UnmanagedFieldWarning(UserWarning):
-    """The config sets VeOmni fields for ops veomni-ops does not manage (:data:`UNMANAGED_FIELDS`)."""
+from .config_files import _close_to, _ops_block, load_yaml, not_utf8  # noqa: F401  (re-exported)
+from .config_values import (  # noqa: F401  (re-exported)
+    _FIELD_ALIASES,
+    AUTO,
+    LEGACY_NOTES,
+    LEGACY_VALUES,
+    REMOVED_ENV_VARS,
+    SUGGEST_CUTOFF,
+    UNMANAGED_FIELDS,
+    ConfigError,
+    LegacyValueWarning,
+    UnmanagedFieldWarning,
+    _error,
+    _Kept,
+    _normalize_value,
+    _warn,
+    check_removed_env_vars,
+    config_error,
+    removed_env_var_problems,
+)
+from .ops import OP_TABLE
+from .veomni import DEFAULTS, VEOMNI_DEFAULTS, device_value
 
 
 @dataclass(frozen=True)
@@ -215,6 +161,8 @@ def _fields_in_veomni_order() -> dict[str, str]:
 
 #: config field -> op (VeOmni's field order)
 FIELD_TO_OP: Mapping[str, str] = _fields_in_veomni_order()
+
+
 OP_TO_FIELD: Mapping[str, str] = {v: k for k, v in FIELD_TO_OP.items()}
 
 
@@ -289,111 +237,6 @@ def read_config_file(path: str | os.PathLike, *, defaults: str = AUTO) -> tuple[
     return cfg, (*problems, *more)
 
 
-def _ops_block(data: Any, problems: list[str]) -> tuple[Mapping[str, Any], str]:
-    """The ops block of ``data`` (a plain block, ``{ops_implementation: ...}`` or a whole VeOmni
-    config, ``{model: {ops_implementation: ...}}``) and where it is, for messages. A VeOmni
-    config whose ``model:`` has no ops block is all defaults. A misspelt section (``modle:``,
-    ``ops_implementaton:``) is a problem that names it, and the block in it is still checked."""
-    where = "ops_implementation"
-    if data is None:
-        return {}, where
-    if not isinstance(data, Mapping):
-        problems.append(f"ops_implementation must be a mapping of field: kernel name, got {type(data).__name__}")
-        return {}, where
-    block: Any = data
-    whole = "model" in data and (data["model"] is None or isinstance(data["model"], Mapping))
-    model_key = "model" if whole else _close_to(data, "model")
-    if model_key is not None:  # a whole VeOmni config
-        if model_key != "model":
-            problems.append(f"{model_key!r}: unknown section; did you mean 'model'?")
-        model = data[model_key] or {}  # an empty model: section is every default
-        where = "model.ops_implementation"
-        ops_key = "ops_implementation" if "ops_implementation" in model else _close_to(model, "ops_implementation")
-        if ops_key is None:
-            return {}, where  # VeOmni's model section without an ops block: every op auto
-        if ops_key != "ops_implementation":
-            problems.append(f"model.{ops_key}: unknown section; did you mean model.ops_implementation?")
-        block = model[ops_key]
-    else:
-        ops_key = ("ops_implementation" if isinstance(data.get("ops_implementation"), Mapping)
-                   else _close_to(data, "ops_implementation"))
-        if ops_key is not None:
-            if ops_key != "ops_implementation":
-                problems.append(f"{ops_key!r}: unknown section; did you mean 'ops_implementation'?")
-            block = data[ops_key]
-    if block is None:
-        return {}, where
-    if not isinstance(block, Mapping):
-        problems.append(f"{where} must be a mapping of field: kernel name, got {type(block).__name__}")
-        return {}, where
-    return block, where
-
-
-def _close_to(mapping: Mapping[str, Any], name: str) -> str | None:
-    """The key of ``mapping`` that is a misspelling of section ``name`` and holds a mapping, or None."""
-    keys = [k for k, v in mapping.items() if isinstance(k, str) and isinstance(v, Mapping)]
-    match = difflib.get_close_matches(name, keys, n=1, cutoff=SUGGEST_CUTOFF)
-    return match[0] if match else None
-
-
-def load_yaml(path: str | os.PathLike) -> tuple[Any, list[str]]:
-    """The YAML document at ``path``, and its problems: each key given twice in one mapping, in
-    block or flow style (YAML would keep the last value silently), named with both places. A
-    file that is not YAML, or not UTF-8 text, raises :class:`ConfigError`; a missing one,
-    ``FileNotFoundError``."""
-    import yaml
-
-    duplicates: list[str] = []
-
-    class Loader(yaml.SafeLoader):
-        pass
-
-    def mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-        seen: dict[Any, yaml.Mark] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = loader.construct_object(key_node, deep=True)
-            mark = key_node.start_mark
-            try:
-                first = seen.setdefault(key, mark)
-            except TypeError:  # an unhashable key: PyYAML refuses it below
-                continue
-            if first is not mark:
-                # Both on one line ({steps: 2, steps: 1}, flow style): the columns tell them apart.
-                where = (f"on lines {first.line + 1} and {mark.line + 1}" if first.line != mark.line else
-                         f"on line {mark.line + 1} (columns {first.column + 1} and {mark.column + 1})")
-                duplicates.append(f"{os.fspath(path)}:{mark.line + 1}: key {key!r} is given twice, {where} (YAML "
-                                  "would keep the second silently): keep one")
-        return loader.construct_mapping(node, deep=True)
-
-    Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
-    # Bytes, not text: PyYAML then reads UTF-8 (or UTF-16 with its BOM) whatever the locale, and
-    # a byte it cannot decode is a ReaderError with its offset, said below with the file's name.
-    with open(path, "rb") as fh:
-        try:
-            data = yaml.load(fh, Loader=Loader)  # a SafeLoader: no arbitrary objects
-        except yaml.reader.ReaderError as e:
-            if e.encoding == "unicode":  # a character YAML does not allow (NUL, ...): PyYAML's words say it
-                raise ConfigError(f"{os.fspath(path)}: not valid YAML: {e}") from None
-            raise ConfigError(f"{os.fspath(path)}: {not_utf8(path, e.position, e.encoding, e.reason)}") from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{os.fspath(path)}: not valid YAML: {e}") from None
-    return data, duplicates
-
-
-def not_utf8(path: str | os.PathLike, offset: int, encoding: str = "utf-8", reason: str = "") -> str:
-    """What to say of the file ``path`` whose byte at ``offset`` is not ``encoding`` text: the
-    byte, its offset and line, and the fix."""
-    with open(path, "rb") as fh:
-        head = fh.read(offset + 1)
-    byte = f" 0x{head[offset]:02x}" if offset < len(head) else ""
-    why = f" ({reason})" if reason else ""
-    line = head.count(b"\n") + 1
-    return (f"is not {encoding.upper()} text: the byte{byte} at byte offset {offset} (line {line}) cannot be "
-            f"decoded{why}; save the file as UTF-8")
-
-
 # ----------------------------------------------------------------------------------------
 # Checking
 # ----------------------------------------------------------------------------------------
@@ -431,27 +274,6 @@ def _check(values: Mapping[str, Any], unmanaged: Any) -> tuple[dict[str, str], t
     return out, tuple(sorted(kept)), problems
 
 
-def _error(problems: Sequence[str], where: str | None = None, refusals: Sequence[Any] = (),
-           device: Any = None) -> ConfigError:
-    """One :class:`ConfigError` for every problem of a config (of the file ``where``, if any),
-    ``refusals`` the resolution's of its other fields (their descriptions end ``problems``)."""
-    problems = [*problems, *(r.describe() for r in refusals)]
-    if len(problems) == 1:
-        return ConfigError(f"{problems[0]} (in {where})" if where else problems[0], problems, refusals)
-    head = f"{len(problems)} problems in ops_implementation"
-    if refusals:
-        head += f" ({len(refusals)} of them resolving its other fields for device {device})"
-    message = f"{head}:\n" + "\n".join(f"  - {p}" for p in problems)
-    return ConfigError(f"{where}: {message}" if where else message, problems, refusals)
-
-
-def config_error(problems: Sequence[str], where: str | None = None, refusals: Sequence[Any] = (),
-                 device: Any = None) -> ConfigError:
-    """The :class:`ConfigError` ``veomni_ops.resolve`` raises for a config with problems: the
-    config's own and the refusals of resolving the rest, in one message."""
-    return _error(problems, where, refusals, device)
-
-
 def _stem(name: str) -> str:
     """``rms_norm_implementation`` -> ``rms_norm``; a misspelt or shortened suffix counts too
     (``_impl``, ``_implmentation``)."""
@@ -487,56 +309,3 @@ def _unknown_field(key: Any) -> str:
         return f"unknown ops_implementation field {key!r}; did you mean {guess!r}?"
     return (f"unknown ops_implementation field {key!r}; the fields are: {', '.join(FIELD_TO_OP)} (and, recognised "
             f"but not managed by veomni-ops: {', '.join(UNMANAGED_FIELDS)})")
-
-
-def _normalize_value(field_name: str, op: str, value: Any) -> str:
-    if isinstance(value, _Kept):
-        return value
-    if value is None:
-        # VeOmni's moe_implementation=None meant "no fused kernel".
-        return "eager" if op == "moe_experts" else AUTO
-    if not isinstance(value, str):
-        raise ConfigError(f"{field_name} must be a string kernel name, got {type(value).__name__} {value!r}")
-    if not value.strip():
-        raise ConfigError(f"{field_name} is empty; write a kernel name, 'eager' or 'auto'")
-    try:
-        kernel, dist = split_name(value)
-    except SpecError as e:
-        raise ConfigError(f"{field_name}: {e}") from None
-    name = normalize_name(value)
-    per_device = legacy_note(op, kernel, field_name) if dist is None else None
-    if per_device is not None:
-        # Kept as written: which kernel it is depends on the device (resolve says which, per device).
-        _warn(f"{field_name}: {value!r} is a legacy VeOmni value; {per_device}", LegacyValueWarning)
-        return _Kept(name)
-    for table in (LEGACY_VALUES.get(op, {}), LEGACY_VALUES["*"]):
-        if kernel in table:
-            new = table[kernel] + (f"{QUALIFIER}{dist}" if dist else "")
-            note = f" ({LEGACY_NOTES[kernel]})" if kernel in LEGACY_NOTES else ""
-            _warn(f"{field_name}: {value!r} is a legacy VeOmni value; write {field_name}: {new}{note}", LegacyValueWarning)
-            return new
-    return name
-
-
-def _warn(message: str, category: type[Warning]) -> None:
-    """Warn, attributed to the first caller outside veomni-ops (the user's line), however deep
-    in the package the config was read (``OpsConfig(...)``, ``from_yaml``, ``resolve``, ``apply``)."""
-    level = 1
-    frame: FrameType | None = sys._getframe(0)
-    while frame is not None and str(frame.f_globals.get("__name__", "")).partition(".")[0] == "veomni_ops":
-        frame = frame.f_back
-        level += 1
-    warnings.warn(message, category, stacklevel=level)
-
-
-def removed_env_var_problems(env: Mapping[str, str] | None = None) -> list[str]:
-    """One problem per removed environment variable that is set (:data:`REMOVED_ENV_VARS`)."""
-    env = os.environ if env is None else env
-    return [f"{k} is set, but it was removed: {fix}. Unset the variable." for k, fix in REMOVED_ENV_VARS.items()
-            if k in env]
-
-
-def check_removed_env_vars(env: Mapping[str, str] | None = None) -> None:
-    problems = removed_env_var_problems(env)
-    if problems:
-        raise _error(problems)

@@ -62,10 +62,7 @@ Not yet: keeping only the last N checkpoints (every one is kept).
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import os
-import re
 import shutil
 import sys
 import time
@@ -73,123 +70,38 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from .errors import CheckpointError, TrainConfigError
-
-#: the file of a checkpoint that says what wrote it (rank 0 writes it last, before the rename)
-INFO = "veomni_ops.json"
-#: DCP's own file, written once every rank's data is
-DCP_METADATA = ".metadata"
-PARTIAL = ".partial"
-FORMAT = 1
-_NAME = re.compile(r"^step-(\d{8,})$")
-#: Fields of the model's transformers config that a resumed run may change, with why: none
-#: changes what the model computes from the weights it loads. Every other field is compared.
-CONFIG_FIELDS_IGNORED = {
-    "transformers_version": "the versions are recorded apart",
-    "_name_or_path": "a label", "architectures": "a label",
-    "dtype": "train.dtype decides it (a resume in another dtype is said)",
-    "torch_dtype": "train.dtype decides it (a resume in another dtype is said)",
-    "attn_implementation": "the plan binds attention (its kernel is compared with the plan)",
-    "_attn_implementation": "the plan binds attention (its kernel is compared with the plan)",
-    "use_cache": "the KV cache of generation; training has none",
-    "return_dict": "the form of the outputs", "output_attentions": "the form of the outputs",
-    "output_hidden_states": "the form of the outputs",
-    "id2label": "the labels of classification heads", "label2id": "the labels of classification heads",
-    "problem_type": "the loss of classification heads",
-    "initializer_range": "the initial weights only: a resumed run loads its weights",
-}
-
-
-def checkpoint_name(step: int) -> str:
-    return f"step-{step:08d}"
-
-
-def is_complete(path: str) -> bool:
-    """Is ``path`` a checkpoint whose save finished (named step-N, DCP's metadata and ours in it)?"""
-    return (_NAME.match(os.path.basename(os.path.normpath(path))) is not None
-            and os.path.isfile(os.path.join(path, DCP_METADATA)) and os.path.isfile(os.path.join(path, INFO)))
+from .checkpoint_checks import CheckpointChecks
+from .checkpoint_files import (  # noqa: F401  (re-exported: the files of a checkpoint live there)
+    _NAME,
+    DCP_METADATA,
+    FORMAT,
+    INFO,
+    PARTIAL,
+    _commit,
+    _digest,
+    _earlier,
+    _failures,
+    _os_error,
+    _partials,
+    _write_json,
+    _yaml,
+    checkpoint_name,
+    complete_checkpoints,
+    find_resume,
+    is_complete,
+    read_info,
+)
+from .checkpoint_fingerprint import (  # noqa: F401  (re-exported)
+    CONFIG_FIELDS_IGNORED,
+    _flat,
+    config_differences,
+    config_fingerprint,
+    plan_fingerprint,
+)
+from .errors import CheckpointError, TrainConfigError  # noqa: F401  (TrainConfigError: re-exported)
 
 
-def complete_checkpoints(directory: str) -> list[tuple[int, str]]:
-    """(step, path) of every complete checkpoint in ``directory``, by step."""
-    try:
-        names = os.listdir(directory)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    found = []
-    for name in names:
-        m = _NAME.match(name)
-        path = os.path.join(directory, name)
-        if m and is_complete(path):
-            found.append((int(m.group(1)), path))
-    return sorted(found)
-
-
-def find_resume(train: dict[str, Any]) -> str | None:
-    """The checkpoint the job's ``train.resume`` names (checked fields, paths absolute), or None
-    (start from step 0). Raises :class:`TrainConfigError` where it names none."""
-    value = train.get("resume", False)
-    if value is False or value is None:
-        return None
-    if value is True or value == "auto":
-        directory = train.get("checkpoint_dir")
-        if not directory:
-            raise TrainConfigError(f"train.resume: {_yaml(value)} resumes from the latest checkpoint in "
-                                   "train.checkpoint_dir, which is not set: set checkpoint_dir, or give resume: PATH "
-                                   "of a checkpoint")
-        found = complete_checkpoints(directory)
-        if found:
-            return found[-1][1]
-        if value == "auto":
-            return None
-        raise TrainConfigError(f"train.resume: true, but {directory} holds no complete checkpoint (a step-N folder "
-                               f"with {DCP_METADATA} and {INFO}){_partials(directory)}: train without resume to "
-                               "write the first (resume: auto resumes where there is one and starts from step 0 "
-                               "where there is none), or point resume: at a checkpoint")
-    path = str(value)
-    if is_complete(path):
-        return path
-    if os.path.isdir(path):
-        found = complete_checkpoints(path)
-        if found:
-            return found[-1][1]
-        if path.endswith(PARTIAL) or os.path.isfile(os.path.join(path, DCP_METADATA)):
-            raise TrainConfigError(f"train.resume: {path} is an incomplete checkpoint (its save was interrupted, or "
-                                   f"it lacks {INFO}): resume from an earlier one")
-        raise TrainConfigError(f"train.resume: {path} is neither a checkpoint nor a folder of checkpoints (step-N "
-                               f"folders){_partials(path)}: give the path of one, or a checkpoint_dir")
-    raise TrainConfigError(f"train.resume: {path} does not exist: give the path of a checkpoint (a step-N folder) or "
-                           "of a checkpoint_dir")
-
-
-def _yaml(value: Any) -> str:
-    return "true" if value is True else str(value)
-
-
-def _partials(directory: str) -> str:
-    try:
-        half = sorted(n for n in os.listdir(directory) if n.endswith(PARTIAL))
-    except OSError:
-        return ""
-    return f"; {', '.join(half)} is an interrupted save, never resumed from" if half else ""
-
-
-def read_info(path: str) -> dict[str, Any]:
-    """The ``veomni_ops.json`` of the checkpoint at ``path``."""
-    file = os.path.join(path, INFO)
-    try:
-        with open(file) as fh:
-            info = json.load(fh)
-    except (OSError, ValueError) as e:
-        raise TrainConfigError(f"{path}: cannot read {INFO} ({e}): not a checkpoint of veomni-ops train, or a "
-                               "damaged one; resume from another") from None
-    if not isinstance(info, dict) or info.get("format") != FORMAT or not isinstance(info.get("step"), int):
-        raise TrainConfigError(f"{file}: not a checkpoint of this veomni-ops (format {FORMAT}); resume from one this "
-                               "version wrote")
-    return info
-
-
-class Checkpointer:
+class Checkpointer(CheckpointChecks):
     """Saves and loads the checkpoints of one run (this rank's part of them): ``model`` and
     ``opt`` as built for the run on ``device``, ``rt`` its parallel runtime (None: one process)."""
 
@@ -265,16 +177,6 @@ class Checkpointer:
         if self.device.startswith("cuda"):
             state["cuda"] = torch.cuda.get_rng_state(torch.device(self.device))
         return state
-
-    def _data(self, vocab: int) -> dict[str, Any]:
-        """The identity of the job's batches (:func:`~veomni_ops.train.data.job_batches`): packed,
-        the document lengths too (a checkpoint of unpacked rows has no ``packing``: None)."""
-        from .data import packing
-
-        t = self.train
-        pack = packing(self.job)
-        return {"seed": t["seed"], "batch_size": t["batch_size"], "seq_len": t["seq_len"], "vocab_size": vocab,
-                **({"packing": pack["doc_len"]} if pack is not None else {})}
 
     def info(self, step: int, losses: list[float], vocab: int) -> dict[str, Any]:
         """What ``veomni_ops.json`` holds, but for the files' hashes (:meth:`save` adds them)."""
@@ -354,27 +256,6 @@ class Checkpointer:
         print(f"checkpoint: step {step} -> {final} ({time.perf_counter() - t0:.2f} s)", file=self.out, flush=True)
         return final
 
-    def _world(self) -> int:
-        return self.rt.world_size if self.rt is not None else 1
-
-    def _agree(self, what: str, fix: str, error: str | None, value: Any = None) -> list[Any]:
-        """Every rank's ``value`` (a collective, and so a barrier), once every rank said its
-        ``error`` (None: none): where any did, a :class:`CheckpointError` on every rank, naming
-        each rank's, so that no rank goes on to a collective that the others never reach."""
-        if self.rt is None:
-            errors, values = [error], [value]
-        else:
-            import torch.distributed as dist
-
-            both: list[Any] = [None] * self.rt.world_size
-            dist.all_gather_object(both, (error, value))
-            errors, values = [e for e, _ in both], [v for _, v in both]
-        said = [(r, e) for r, e in enumerate(errors) if e is not None]
-        if said:
-            where = "; ".join(e if self.rt is None else f"rank {r}: {e}" for r, e in said)
-            raise CheckpointError(f"{what}: {where}; {fix}")
-        return values
-
     @contextlib.contextmanager
     def _dcp(self) -> Iterator[None]:
         """Around a DCP call: in one process DCP warns that it assumes one process, which is meant."""
@@ -442,102 +323,6 @@ class Checkpointer:
                   f": {'; '.join(missing)}. The next checkpoint this run writes has them", file=self.out, flush=True)
         return step, losses
 
-    def _not_bitwise(self, info: dict[str, Any]) -> list[str]:
-        """What of this run differs from the run that wrote the checkpoint in a way that keeps
-        the model but changes the rounding, so that the losses are not bitwise those of a run
-        never stopped: the thread count (``train.threads`` set to another), the plan."""
-        import torch
-
-        notes = []
-        threads = torch.get_num_threads()
-        if isinstance(info.get("threads"), int) and info["threads"] != threads:
-            notes.append(f"at {threads} intra-op thread(s), written at {info['threads']} (train.threads): the losses "
-                         "differ by rounding from a run never stopped")
-        if isinstance(info.get("plan"), dict) and info["plan"] != self.kernels:
-            old, new = info["plan"], self.kernels
-            changed = [f"{op}: {old.get(op, '(not bound)')} -> {new.get(op, '(not bound)')}"
-                       for op in sorted({*old, *new}) if old.get(op) != new.get(op)]
-            notes.append(f"another plan than the checkpoint's ({', '.join(changed)}): the losses differ by rounding "
-                         "from a run never stopped")
-        return notes
-
-    def _verify_files(self, path: str, info: dict[str, Any]) -> bool:
-        """Every file of the checkpoint has the size and sha256 it was written with (each rank
-        checks its share; a collective), before DCP reads any: else a :class:`CheckpointError`
-        naming each file. False where the checkpoint has no hashes (an earlier veomni-ops)."""
-        files = info.get("files")
-        if not isinstance(files, dict):
-            return False
-        problems = []
-        for name in sorted(files)[self.rank::self._world()]:
-            file, want = os.path.join(path, name), files[name]
-            try:
-                size = os.path.getsize(file)
-                if size != want.get("bytes"):
-                    problems.append(f"{name} is {size} bytes, {want.get('bytes')} when written (truncated, or "
-                                    "written over)")
-                elif _digest(file)["sha256"] != want.get("sha256"):
-                    problems.append(f"{name} has another sha256 than when written (altered: a bit flipped on the "
-                                    "disk, or in a copy)")
-            except FileNotFoundError:
-                problems.append(f"{name} is missing")
-            except OSError as e:
-                problems.append(f"{name} cannot be read ({_os_error(e)})")
-        self._agree(f"{path}: the checkpoint is damaged", _earlier(path), "; ".join(problems) or None)
-        return True
-
-    def _check_job(self, path: str, info: dict[str, Any], vocab: int) -> None:
-        t = self.train
-        data = info.get("data") or {}
-        ours = {"packing": None, **self._data(vocab)}
-        differ = [f"{k} {data.get(k)!r} there, {v!r} here" for k, v in ours.items() if data.get(k) != v]
-        if differ:
-            raise TrainConfigError(f"{path}: the checkpoint's data differ from this job's ({'; '.join(differ)}): the "
-                                   "synthetic batches, and so where the data stands, depend on train.seed, "
-                                   "batch_size, seq_len, the vocabulary and the packing (data.packing, doc_len; "
-                                   "None: unpacked); resume with the values it was written with, or write a fresh "
-                                   "checkpoint_dir")
-        if info["step"] >= int(t["steps"]):
-            raise TrainConfigError(f"{path}: the checkpoint is at step {info['step']} and train.steps is {t['steps']}: "
-                                   "nothing is left to train; raise train.steps (or --steps) to train on")
-
-    def _check_tensors(self, path: str, info: dict[str, Any], meta: dict[str, Any], ours: dict[str, Any],
-                       config: list[str]) -> None:
-        """Every tensor of this run's model and optimizer is in the checkpoint with its global
-        shape, and the checkpoint's model has no tensor this one lacks, and ``config`` (the
-        config fields that differ, :func:`config_differences`) is empty: else an error naming the
-        model's differences (the optimizer's, where the model's are none) and every such field."""
-        def shape(x) -> tuple[int, ...] | None:
-            size = getattr(x, "size", None)
-            return tuple(size) if size is not None and not callable(size) else None
-
-        parts = []
-        for prefix, what in (("model.", "parameters"), ("optim.", "optimizer tensors")):
-            mine = {k: v for k, v in ours.items() if k.startswith(prefix)}
-            wrong = [f"{k.removeprefix(prefix)} {list(shape(meta[k]) or [])} there, {list(v.shape)} here"
-                     for k, v in mine.items() if k in meta and shape(meta[k]) != tuple(v.shape)]
-            missing = [k.removeprefix(prefix) for k in mine if k not in meta]
-            extra = [k.removeprefix(prefix) for k, v in meta.items()
-                     if k.startswith(prefix) and k not in mine and shape(v) is not None]
-            for label, names in ((f"{what} of other shapes", wrong), (f"{what} not in the checkpoint", missing),
-                                 (f"{what} only in the checkpoint", extra)):
-                if names:
-                    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
-                    parts.append(f"{label}: {', '.join(names[:3])}{more}")
-            if parts:
-                break
-        if config:
-            parts.append(f"config fields that differ (the checkpoint's -> this job's): {', '.join(config)}")
-        if not parts:
-            return
-        m = info.get("model") or {}
-        written = m.get("config_file") or f"{m.get('architecture')} {m.get('size')}"
-        if m.get("overrides"):
-            written += f" with config {m['overrides']}"
-        raise TrainConfigError(f"{path}: the checkpoint is of another model (written by {written}): "
-                               f"{'; '.join(parts)}. Resume with the model it was written for, or train this one into "
-                               "a fresh checkpoint_dir")
-
 
 def _unviewed(loaded: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:
     """``loaded``, with the model's (or optimizer's) own tensor where it held a view of it."""
@@ -553,109 +338,3 @@ def _prefixed(prefix: str, state: dict[str, Any]) -> dict[str, Any]:
         elif hasattr(v, "shape"):
             out[f"{prefix}.{k}"] = v
     return out
-
-
-def _write_json(path: str, data: dict[str, Any]) -> None:
-    with open(path, "w") as fh:
-        json.dump(data, fh, indent=1)
-        fh.flush()
-        os.fsync(fh.fileno())
-
-
-def _commit(tmp: str, final: str) -> None:
-    """Make the written checkpoint ``tmp`` the checkpoint ``final``: one rename (an older
-    ``final``, from a run that went further before, is moved aside first and then removed)."""
-    old = final + ".old"
-    if os.path.exists(final):
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(final, old)
-    os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
-    try:  # the rename itself on disk
-        fd = os.open(os.path.dirname(final) or ".", os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def config_fingerprint(config) -> dict[str, Any]:
-    """Every field of the model's transformers ``config`` (as the job built it: the preset or
-    file, then the overrides) as JSON, but those of :data:`CONFIG_FIELDS_IGNORED`."""
-    fields = json.loads(config.to_json_string(use_diff=False))
-    return {k: v for k, v in fields.items() if k not in CONFIG_FIELDS_IGNORED}
-
-
-def config_differences(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
-    """Each field that differs between two :func:`config_fingerprint` s, ``field: old -> new``
-    (a nested field by its dotted name, ``rope_parameters.rope_theta``); none where ``old`` is
-    None (a checkpoint of an earlier veomni-ops, which recorded none)."""
-    if old is None:
-        return []
-    a, b = _flat(old), _flat(json.loads(json.dumps(new)))
-    absent = object()
-    out = []
-    for key in sorted({*a, *b}):
-        x, y = a.get(key, absent), b.get(key, absent)
-        if x != y:
-            out.append(f"{key}: {'(absent)' if x is absent else json.dumps(x)} -> "
-                       f"{'(absent)' if y is absent else json.dumps(y)}")
-    return out
-
-
-def _flat(fields: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in fields.items():
-        if isinstance(v, dict) and v:
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
-def plan_fingerprint(binding) -> dict[str, str]:
-    """The kernel bound for each op and variant of a bound model, ``{"rms_norm/standard": "liger
-    (veomni-liger)"}``: what ``binding`` (``veomni_ops.apply``'s) bound, at one place or more."""
-    out = {}
-    for _, op, variant, kernel in binding.bound:
-        entry = binding.plan.get(op, variant)
-        out[f"{op}/{variant}"] = kernel + (f" ({entry.distribution})" if entry is not None else "")
-    return dict(sorted(out.items()))
-
-
-def _digest(path: str) -> dict[str, Any]:
-    """The size and sha256 of the file at ``path``, as ``veomni_ops.json`` keeps them."""
-    with open(path, "rb") as fh:
-        return {"bytes": os.fstat(fh.fileno()).st_size, "sha256": hashlib.file_digest(fh, "sha256").hexdigest()}
-
-
-def _os_error(e: OSError) -> str:
-    text = f"{type(e).__name__}: {e.strerror or e}"
-    return text + (f": {os.fsdecode(e.filename)}" if e.filename else "")
-
-
-def _failures(e: BaseException) -> str:
-    """What DCP's ``CheckpointException`` ``e`` says failed: each rank's exception (an OSError
-    with the file it names)."""
-    failures = getattr(e, "failures", None) or {}
-    parts = []
-    for rank, (exc, _) in sorted(failures.items()):
-        text = _os_error(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
-        parts.append(f"rank {rank}: {text}")
-    return "; ".join(parts) or str(e)
-
-
-def _earlier(path: str) -> str:
-    """The fix for a checkpoint that cannot be read: an earlier one of its folder, where there is one."""
-    path = os.path.normpath(path)
-    m = _NAME.match(os.path.basename(path))
-    earlier = [p for s, p in complete_checkpoints(os.path.dirname(path)) if m and s < int(m.group(1))]
-    if earlier:
-        return (f"resume from an earlier checkpoint (--resume {earlier[-1]}, or train.resume: that path), or copy "
-                "this one again from where it came from")
-    return ("copy it again from where it came from, or train from step 0 (without resume) into a fresh "
-            "checkpoint_dir")
