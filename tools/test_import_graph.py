@@ -208,7 +208,7 @@ def test_a_module_below_ops_importing_an_op_heavy_module_is_a_violation(tmp_path
         "pkg/runtime/use.py": """
             import importlib
             from ..ops import norm                  # the light table: the ground floor
-            from ..ops.norm import checks, reference  # not heavy
+            from ..ops.norm import checks           # the op's input checks: open to all
             from ..ops.base import x
             def f():
                 from ..ops.norm.binder import BINDER
@@ -231,6 +231,13 @@ def test_a_module_below_ops_importing_an_op_heavy_module_is_a_violation(tmp_path
     assert "pkg/runtime/types.py:4: pkg.runtime.types imports pkg.ops.norm.kernel" in err and "(typing only)" in err
     assert '    fix: import it by the op folder\'s "module:attr" string' in err
     assert "2 problem(s)" in err
+
+
+def test_a_split_kernel_module_and_the_reference_are_heavy_too(tmp_path):
+    root = tree(tmp_path, {**OPS_TREE, "pkg/ops/norm/packing.py": "",
+                           "pkg/runtime/use.py": "from ..ops.norm import reference\nfrom ..ops.norm.packing import f\n"})
+    assert sorted((a.target, a.line) for a in ig.layering(ig.arrows(root))) == [
+        ("pkg.ops.norm.packing", 2), ("pkg.ops.norm.reference", 1)]
 
 
 def test_allowed_layering_passes_and_a_stale_allowance_fails(tmp_path):

@@ -155,7 +155,7 @@ def compile_layers(model: nn.Module, backend: str = "inductor", fullgraph: bool 
     leaves its flash path: 2.4x slower than eager at 32k tokens on Qwen3-30B-A3B's shapes (issue
     35). Here the mask is
     built eagerly, and each compiled layer call runs inside the attention kernels'
-    :func:`~veomni_ops.ops.attention.kernel.positions_checked` for its ``position_ids``, so that
+    :func:`~veomni_ops.ops.attention.packing.positions_checked` for its ``position_ids``, so that
     the kernel, which cannot check them while traced, knows that they do not restart (no packed
     documents) and leaves its own block mask out too.
 
@@ -186,14 +186,17 @@ def compile_layers(model: nn.Module, backend: str = "inductor", fullgraph: bool 
 
 def _positions_checked(forward: Any) -> Any:
     """``forward`` (a compiled layer's) called inside
-    :func:`~veomni_ops.ops.attention.kernel.positions_checked` for the ``position_ids`` it is
+    :func:`~veomni_ops.ops.attention.packing.positions_checked` for the ``position_ids`` it is
     given (transformers passes them by keyword), unless the call is itself being traced.
 
     A KV cache given to the layer while autograd records (training with transformers' default
     ``use_cache=True``) is warned about, once: the layer's attention writes it at the layer's
     own index, which dynamo guards on, so every layer compiles a graph of its own, and past
     ``torch._dynamo.config.cache_size_limit`` (8) layers the rest run eagerly."""
-    from ..ops.attention.kernel import positions_checked
+    from ..ops import attention
+    from ..ops.base import load
+
+    positions_checked = load(".packing:positions_checked", attention.OP.package)  # its folder's own module
 
     warned: list[bool] = []
 
