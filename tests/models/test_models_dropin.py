@@ -375,7 +375,7 @@ def test_apply_resolves_once(monkeypatch):
     """apply makes one target of the model and resolves it once: the eager attention the model was
     built with, the logits path of a kernel without logits, and a place auto finds nothing for are
     all decided in that one resolution."""
-    import veomni_ops.binding as binding
+    import veomni_ops.binding.planning as planning
 
     calls = []
 
@@ -383,7 +383,7 @@ def test_apply_resolves_once(monkeypatch):
         calls.append(args[1])
         return veomni_ops.resolve(*args, **kwargs)
 
-    monkeypatch.setattr(binding, "resolve", counting)
+    monkeypatch.setattr(planning, "resolve", counting)
     moe = build("qwen3_moe", attn_implementation="eager")
     b = veomni_ops.apply(moe, {"cross_entropy_loss_implementation": "chunked"}, device="cpu", compile=True)
     assert len(calls) == 1 and isinstance(calls[0], veomni_ops.Target) and calls[0].mode.compile

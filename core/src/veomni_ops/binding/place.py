@@ -16,12 +16,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from torch import nn
 
 from .functions import code_names, library_method
 from .head import plain_linear
+
+if TYPE_CHECKING:
+    from ..plan import KernelPlan
+    from ..target import Need
 
 T = TypeVar("T")
 
@@ -58,6 +62,9 @@ class Edits:
     mask_names: list[tuple[nn.Module, str]] = field(default_factory=list)
     #: per causal-LM head (by id of its module): "module", "ce" -> (variant, kernel), "lbl" -> kernel
     head: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    #: ``apply``'s ``skip_logits``, for the causal-LM head
+    skip_logits: bool | None = None
 
     #: objects built once per binding and shared by its places (``shared``), and the forwards'
     #: copies by function and globals (``binding.functions.copy_with_globals``'s ``memo``)
@@ -98,6 +105,10 @@ class Binder:
     head runs last). ``method``: what ``bind`` replaces on the place's module (checked for
     user overrides). ``order``: its place among the binders of one module (places are listed
     and bound in this order); ``None``: the op's (``OpDef.order``).
+
+    The optional hooks (``needs``, ``lacks``, ``by_head``, ``finish``) hold what an op decides
+    about the model as a whole (the eager attention a model was built with, the head's logits
+    path): binding's own code asks the op's binder for them rather than naming the op.
     """
 
     op: str
@@ -106,6 +117,18 @@ class Binder:
     head: bool = False
     method: str = "forward"
     order: int | None = None
+    #: ``needs(places, wanted)``: what resolution must provide for the op's ``places``, given what
+    #: they need by their variants (``wanted``, a list of variants); ``None``: ``wanted`` as it is
+    needs: Callable[[list[Place], list], list] | None = None
+    #: ``lacks(plan)``: what a resolved plan given to ``apply`` lacks for the op's places (needs
+    #: resolved beside it, without a lock); ``None``: nothing
+    lacks: Callable[[KernelPlan], list[Need]] | None = None
+    #: a head op whose kernel the causal-LM head another head op binds runs: where the plan
+    #: leaves that op to the model, this one is left with it
+    by_head: bool = False
+    #: ``finish(edits, plan, places, notes)``: after every place is bound, what the op's places
+    #: need built beyond their own edits (the causal-LM head's forward), and notes for the binding
+    finish: Callable[[Edits, KernelPlan, list[Place], list[str]], None] | None = None
 
 
 class NotBindable(ValueError):

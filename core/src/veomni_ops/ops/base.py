@@ -1,7 +1,8 @@
 """What an op's folder declares: :class:`OpDef`, and the light types it is made of.
 
 Every ``veomni_ops/ops/<op>/__init__.py`` defines ``OP = OpDef(...)``: the op's table entry
-(:class:`OpInfo`), its kernel contract (the hookspec), its legacy VeOmni values, its measured
+(:class:`OpInfo`), its kernel contract (the hookspec), its legacy VeOmni values and what other
+VeOmni values mean for it (:class:`DeviceChoice`, :class:`NotProvided`), its measured
 compile-mode choices (:class:`Preference`) and, as ``"module:attr"`` strings relative to the
 folder, its heavy parts (reference specs, binder, conformance harness, bench workloads, parallel
 wrapper). Nothing here imports torch, and nothing here imports another module of the core.
@@ -51,6 +52,46 @@ class Preference:
     evidence: str = EVIDENCE
     #: the device capability it was measured on, and the only one it applies to
     capability: tuple[int, int] = MEASURED_ON
+
+
+#: Where VeOmni's config class lives (the file the ``arguments_types.py:N`` references name).
+VEOMNI_SOURCE = "VeOmni d977449, veomni/arguments/arguments_types.py"
+
+
+@dataclass(frozen=True)
+class DeviceChoice:
+    """The kernel a VeOmni value stands for: ``npu`` on an Ascend NPU, ``other`` on every other
+    device (``None``: VeOmni refuses it there, and so does veomni-ops). ``why`` is VeOmni's rule,
+    with its source. ``legacy``: a VeOmni spelling veomni-ops does not use (its loading warns)."""
+
+    npu: str
+    other: str | None
+    why: str
+    legacy: bool = True
+
+    def on(self, device_type: str) -> str | None:
+        return self.npu if device_type == "npu" else self.other
+
+
+def gpu_default(npu: str, other: str, line: int, legacy: bool = True) -> DeviceChoice:
+    """A VeOmni GPU default (at ``arguments_types.py:line``), which VeOmni rewrites to ``npu`` on an Ascend NPU."""
+    return DeviceChoice(npu, other, f"VeOmni's GPU default, which VeOmni rewrites to {npu!r} on an Ascend NPU "
+                                    f"({VEOMNI_SOURCE}:{line}, _NPU_DEFAULT_FALLBACK)", legacy)
+
+
+@dataclass(frozen=True)
+class NotProvided:
+    """A VeOmni kernel veomni-ops does not provide: what it is in VeOmni (with its source), what
+    it needs, and what to write instead. ``device``: only on this device type (``None``: anywhere)."""
+
+    kernel: str
+    needs: str
+    instead: str
+    device: str | None = None
+
+    def describe(self) -> str:
+        return (f"In VeOmni this is {self.kernel}; it needs {self.needs}. veomni-ops provides no such kernel: "
+                f"write {self.instead}.")
 
 
 @dataclass(frozen=True)
@@ -108,7 +149,10 @@ class OpDef:
     beyond its kernel, said in its warning. ``compile_preferences``: device type -> the
     measured compile-mode choices, best first (:mod:`veomni_ops.compile_policy`).
     ``path_memory``: variant -> :class:`PathMemory`, what that variant's path holds beyond the
-    inputs of the op's other variants (for ``auto`` under a memory budget).
+    inputs of the op's other variants (for ``auto`` under a memory budget). ``veomni_values``:
+    VeOmni values whose kernel depends on the device -> :class:`DeviceChoice`
+    (:data:`veomni_ops.veomni.DEVICE_VALUES`); ``veomni_not_provided``: VeOmni values veomni-ops
+    has no kernel for -> :class:`NotProvided` (:data:`veomni_ops.veomni.NOT_PROVIDED`).
 
     The heavy parts, as ``"module:attr"`` (imported only when used): ``reference``, a function
     returning the core's own ``KernelSpec`` s for the op (registered by
@@ -128,6 +172,8 @@ class OpDef:
     legacy_notes: Mapping[str, str] = field(default_factory=dict)
     compile_preferences: Mapping[str, tuple[Preference, ...]] = field(default_factory=dict)
     path_memory: Mapping[str, PathMemory] = field(default_factory=dict)
+    veomni_values: Mapping[str, DeviceChoice] = field(default_factory=dict)
+    veomni_not_provided: Mapping[str, NotProvided] = field(default_factory=dict)
     reference: str = ".reference:specs"
     binder: str = ".binder:BINDER"
     harness: str = ".cases:HARNESS"

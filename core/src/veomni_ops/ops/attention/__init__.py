@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..base import OpDef, OpInfo
+from ..base import VEOMNI_SOURCE, DeviceChoice, NotProvided, OpDef, OpInfo
 
 #: The kernel contract: the docstring of the ``attention`` hook (:class:`veomni_ops.hookspecs.OpHookspecs`).
 CONTRACT = """Attention with the signature of transformers' ``AttentionInterface``.
@@ -45,11 +45,45 @@ Backward produces gradients for query, key and value. Variant: ``standard``.
 #: VeOmni's sequence-parallel attention values: today's kernel, and what the value meant besides.
 _WITH_SP = {f"veomni_flash_attention_{v}_with_sp": f"flash_attention_{v}" for v in (2, 3, 4)}
 
+#: VeOmni's MagiAttention values: veomni-ops has no kernel for them.
+_MAGI = NotProvided(
+    "MagiAttention's FFA kernels (veomni/ops/kernels/attention/magi/, registered at "
+    "veomni/ops/kernels/attention/__init__.py:89)",
+    "the magi-attention 1.1.1 package, an NVIDIA GPU of sm 9.0 or newer, a MagiAttentionMask built by the model, "
+    "batch size 1, context-parallel size 1 and no attention dropout (veomni/ops/kernels/attention/magi/"
+    "__init__.py:95-112)",
+    "attn_implementation: flash_attention_3 (Hopper) or flash_attention_4 (sm 9.0+), flex_attention for a custom "
+    "mask on CUDA, or auto",
+)
+
 OP = OpDef(
     "attention", order=70, contract=CONTRACT, package=__name__, wrapper=".parallel:wrap",
     info=OpInfo(("standard",), "attn_implementation", features=("softcap", "sinks", "sliding_window", "dropout"),
                 parallel=("sp",)),
     legacy={**_WITH_SP, "veomni_flex_attention_with_sp": "flex_attention"},
+    # On an Ascend NPU VeOmni's flash attention (veomni/ops/kernels/attention/flash.py:21,278) is
+    # transformers' _flash_attention_forward, which there takes the NPU functions for every flash
+    # implementation (transformers/modeling_flash_attention_utils.py, _lazy_imports): veomni-npu's 'npu'.
+    veomni_values={
+        f"flash_attention_{v}": DeviceChoice(
+            "npu", f"flash_attention_{v}",
+            "VeOmni's flash attention, which on an Ascend NPU runs transformers' NPU flash attention "
+            "(transformers.integrations.npu_flash_attention: torch_npu.npu_fusion_attention; VeOmni d977449, "
+            "veomni/ops/kernels/attention/flash.py:21,278)",
+            legacy=False,
+        )
+        for v in (2, 3, 4)
+    },
+    veomni_not_provided={
+        "magi_attention": _MAGI,
+        "veomni_magi_attention_with_sp": _MAGI,
+        "native_sparse": NotProvided(
+            f"a value its config type lists ({VEOMNI_SOURCE}:1034) but no kernel behind it: VeOmni registers none under "
+            "that name, and hands it to transformers as attn_implementation, which has no 'native-sparse' either",
+            "a kernel nobody ships",
+            "attn_implementation: sdpa, a flash kernel, or auto",
+        ),
+    },
     legacy_notes={
         **{value: (f"it meant {kernel}, sequence-parallel when sp > 1: write {kernel} and set the job's parallel.sp "
                    "(Ulysses sequence parallelism now wraps any attention kernel; with sp 1 it runs as it is)")

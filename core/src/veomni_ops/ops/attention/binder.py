@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -12,6 +13,7 @@ from torch import nn
 
 from ...binding.functions import library_method
 from ...binding.place import Binder, Edits, Place, Survey, attention_forward_names
+from ...target import Need
 
 
 def _forward_mentions(m: nn.Module, word: str) -> bool:
@@ -99,4 +101,25 @@ def _bind_attention(place: Place, kernel: Callable, edits: Edits) -> None:
     edits.mask_names.append((place.module, _mask_name(place.info["kernel_name"], kernel)))
 
 
-BINDER = Binder("attention", _find_attention, _bind_attention)
+def _eager_attention_asked(places: list[Place]) -> str | None:
+    """Why ``auto`` takes the reference attention: the model was built with
+    ``attn_implementation="eager"`` (what a user asks for to get attention weights). ``None``
+    otherwise. Resolution follows it only where the config leaves attention on ``auto``."""
+    paths = [p.path for p in places if p.op == "attention"
+             and getattr(getattr(p.module, "config", None), "_attn_implementation", None) == "eager"]
+    if not paths:
+        return None
+    return ("auto: the model was built with attn_implementation='eager' (attention weights, output_attentions), "
+            "so its attention stays the reference kernel; name a kernel (attn_implementation: sdpa, ...) for "
+            "another")
+
+
+def _needs(places: list[Place], wanted: list) -> list:
+    """The reference attention preferred where the model was built with eager attention."""
+    asked = _eager_attention_asked(places)
+    if not asked:
+        return wanted
+    return [dataclasses.replace(Need.of("attention", v), prefer="eager", why=asked) for v in wanted]
+
+
+BINDER = Binder("attention", _find_attention, _bind_attention, needs=_needs)

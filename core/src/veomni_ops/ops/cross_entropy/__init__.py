@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..base import FLCE_EVIDENCE, OpDef, OpInfo, PathMemory, Preference
+from ..base import FLCE_EVIDENCE, VEOMNI_SOURCE, DeviceChoice, OpDef, OpInfo, PathMemory, Preference, gpu_default
 from .memory import logits_path_bytes
 
 #: The kernel contract: the docstring of the ``cross_entropy`` hook (:class:`veomni_ops.hookspecs.OpHookspecs`).
@@ -42,6 +42,14 @@ makes that division exact. Backward produces gradients for ``logits`` (or
 OP = OpDef(
     "cross_entropy", order=40, info=OpInfo(("logits", "fused_linear"), "cross_entropy_loss_implementation"),
     contract=CONTRACT, package=__name__, legacy={"chunk_loss": "chunked"},
+    # VeOmni's 'npu' cross-entropy is its chunk_loss (veomni/ops/kernels/cross_entropy/__init__.py:487-506),
+    # which is the core's chunked kernel.
+    veomni_values={
+        "liger_kernel": gpu_default("chunked", "liger", 985),
+        "npu": DeviceChoice("chunked", None, "VeOmni's chunk_loss behind a torch_npu check: it requires an Ascend NPU "
+                                             f"({VEOMNI_SOURCE}:975, _NPU_REQUIRED; veomni/ops/kernels/cross_entropy/"
+                                             "__init__.py:500)"),
+    },
     path_memory={"logits": PathMemory(logits_path_bytes, "the [N, V] logits the head makes for it")},
     compile_preferences={"cuda": (
         Preference("triton", "fused_linear", "veomni-triton's fused linear loss measured against transformers + "

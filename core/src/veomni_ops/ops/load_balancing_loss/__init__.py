@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..base import OpDef, OpInfo
+from ..base import OpDef, OpInfo, gpu_default
 
 #: The kernel contract: the docstring of the ``load_balancing_loss`` hook (:class:`veomni_ops.hookspecs.OpHookspecs`).
 CONTRACT = """The Switch-Transformer auxiliary loss, as transformers' ``load_balancing_loss_func``.
@@ -25,4 +25,5 @@ there). Variant: ``standard``.
 OP = OpDef(
     "load_balancing_loss", order=60, info=OpInfo(("standard",), "load_balancing_loss_implementation"),
     contract=CONTRACT, package=__name__, wrapper=".parallel:wrap",
+    veomni_values={"triton": gpu_default("eager", "triton", 984, legacy=False)},
 )

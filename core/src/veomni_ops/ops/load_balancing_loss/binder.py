@@ -31,4 +31,4 @@ def _bind_load_balancing(place: Place, kernel: Callable, edits: Edits) -> None:
     edits.head.setdefault(id(place.module), {"module": place.module})["lbl"] = kernel
 
 
-BINDER = Binder("load_balancing_loss", _find_aux_loss, _bind_load_balancing, head=True)
+BINDER = Binder("load_balancing_loss", _find_aux_loss, _bind_load_balancing, head=True, by_head=True)

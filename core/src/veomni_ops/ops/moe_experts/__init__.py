@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..base import STEP_EVIDENCE, OpDef, OpInfo, Preference
+from ..base import STEP_EVIDENCE, VEOMNI_SOURCE, DeviceChoice, NotProvided, OpDef, OpInfo, Preference, gpu_default
 
 #: The kernel contract: the docstring of the ``moe_experts`` hook (:class:`veomni_ops.hookspecs.OpHookspecs`).
 CONTRACT = """The routed experts of an MoE layer, transformers v5 layout, SiLU-gated.
@@ -39,6 +39,20 @@ OP = OpDef(
     "moe_experts", order=50, info=OpInfo(("standard",), "moe_implementation", parallel=("ep",)), contract=CONTRACT,
     package=__name__, wrapper=".parallel:wrap",
     legacy={"fused": "quack", "fused_triton": "triton", "fused_npu": "npu", "fused_quack": "quack"},
+    veomni_values={
+        "fused_triton": gpu_default("npu", "triton", 986),
+        "fused": DeviceChoice("npu", "quack", "VeOmni's deprecated alias: fused_npu on an Ascend NPU, fused_quack "
+                                              f"elsewhere ({VEOMNI_SOURCE}:1161-1169)"),
+    },
+    veomni_not_provided={
+        # veomni 0.1.12 on the package index (newer than d977449) adds Cambricon MLU kernels.
+        name: NotProvided(
+            f"the Cambricon MLU experts kernel {name!r} of veomni 0.1.12 (MLU group GEMM)",
+            "torch_mlu on a Cambricon MLU (a device veomni-ops does not know)",
+            "moe_implementation: triton, quack or grouped_mm on CUDA, npu on Ascend, eager, or auto",
+        )
+        for name in ("fused_mlu", "fused_mlu_triton")
+    },
     compile_preferences={"cuda": (
         Preference("grouped_mm", "standard", "grouped_mm (torch._grouped_mm) measured faster per step than triton "
                    "under torch.compile (bf16, MoE small, one run: 2.4%)", STEP_EVIDENCE),

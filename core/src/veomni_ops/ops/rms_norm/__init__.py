@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..base import OpDef, OpInfo, Preference
+from ..base import OpDef, OpInfo, Preference, gpu_default
 
 #: The kernel contract: the docstring of the ``rms_norm`` hook (:class:`veomni_ops.hookspecs.OpHookspecs`).
 CONTRACT = """RMS normalisation over the last dimension.
@@ -30,6 +30,7 @@ core refuses it.
 OP = OpDef(
     "rms_norm", order=10, info=OpInfo(("standard", "offset"), "rms_norm_implementation"), contract=CONTRACT,
     package=__name__,
+    veomni_values={"liger_kernel": gpu_default("npu", "liger", 980)},
     compile_preferences={"cuda": (
         Preference("eager", "standard", "compiled eager measured faster than triton (+6% step with rotary and swiglu, "
                    "dense model; the MoE figures have no file)"),

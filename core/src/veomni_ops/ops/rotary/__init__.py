@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..base import OpDef, OpInfo, Preference
+from ..base import OpDef, OpInfo, Preference, gpu_default
 
 #: The kernel contract: the docstring of the ``rotary`` hook (:class:`veomni_ops.hookspecs.OpHookspecs`).
 CONTRACT = """Rotary position embedding of queries and keys (transformers' ``rotate_half`` form).
@@ -24,5 +24,6 @@ GLM use). Backward produces gradients for ``q`` and ``k``.
 OP = OpDef(
     "rotary", order=20, info=OpInfo(("full", "partial"), "rotary_pos_emb_implementation"), contract=CONTRACT,
     package=__name__,
+    veomni_values={"liger_kernel": gpu_default("npu", "liger", 981)},
     compile_preferences={"cuda": (Preference("eager", "full", "compiled eager measured faster than triton (dense model)"),)},
 )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..base import OpDef, OpInfo, Preference
+from ..base import OpDef, OpInfo, Preference, gpu_default
 
 #: The kernel contract: the docstring of the ``swiglu`` hook (:class:`veomni_ops.hookspecs.OpHookspecs`).
 CONTRACT = """The gated activation of a SwiGLU MLP: ``silu(gate) * up``.
@@ -18,6 +18,8 @@ Output in the input dtype (math may be float32). Backward produces gradients for
 
 OP = OpDef(
     "swiglu", order=30, info=OpInfo(("standard",), "swiglu_mlp_implementation"), contract=CONTRACT, package=__name__,
+    # VeOmni has no NPU SwiGLU and runs eager there (veomni-npu's npu kernel is taken only by name or auto).
+    veomni_values={"liger_kernel": gpu_default("eager", "liger", 983)},
     compile_preferences={"cuda": (
         Preference("eager", "standard", "compiled eager measured faster than triton (dense model)"),
     )},
