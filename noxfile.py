@@ -95,8 +95,9 @@ def _base(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """ruff (ruff.toml), then mypy (mypy.ini: the core's and every plugin's sources), then the
     import-graph check (tools/import_graph.py: no import cycle in core/src, typing-only ones
-    included, and no import of an op's heavy module from below ops/) and its own tests, and
-    the tests of tools/op_mentions.py.
+    included, and no import of an op's heavy module from below ops/) and its own tests, the
+    op-mention bound (tools/op_mentions.py: no op named in more than 6 core modules outside its
+    folder) and its tests, and the size bound of the core's modules (tools/test_core_size.py).
     mypy reads the types of what they import, so the core and every plugin are installed beside it."""
     session.install(TORCH)
     session.install(*CONSTRAINTS, "ruff>=0.6", "mypy", "-e", "core", *TEST_DEPS,
@@ -104,7 +105,8 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", ".")
     session.run("mypy")
     session.run("python", "tools/import_graph.py", "core/src")
-    session.run("pytest", "tools/test_import_graph.py", "tools/test_op_mentions.py", "-q")
+    session.run("python", "tools/op_mentions.py", "core/src", "--max", "6")
+    session.run("pytest", "tools/test_import_graph.py", "tools/test_op_mentions.py", "tools/test_core_size.py", "-q")
 
 
 @_session

@@ -15,10 +15,12 @@ The rule:
   string that is a statement on its own (an expression statement that is only a string
   literal, the module's, a class's or a function's docstring or any other).
 * A line names op ``X`` where a ``NAME`` token is exactly ``X`` (``from .ops import rms_norm``,
-  ``OPS.rms_norm``), or a string literal's words -- the literal split on every character that
-  cannot be in an identifier -- include ``X`` exactly (``"rms_norm"``, ``"rms_norm:standard"``,
-  ``f"{op} rms_norm"``). A name that merely contains ``X`` (``attention_mask`` for
-  ``attention``) does not name it.
+  ``OPS.rms_norm``), or a string literal without whitespace -- a key, a name, a path or a
+  reference -- has ``X`` among its words, the literal split on every character that cannot be in
+  an identifier (``"rms_norm"``, ``"rms_norm:standard"``, ``".ops.rms_norm"``; of an f-string,
+  each literal part: ``f"{op}:rms_norm"``). A literal with whitespace in it is prose, a message
+  or a description ("the attention masks"): like a comment, it names nothing. A name that
+  merely contains ``X`` (``attention_mask`` for ``attention``) does not name it either.
 * An op's count is the number of modules outside its folder that name it on at least one line;
   each is listed with the number of its lines that do.
 """
@@ -36,6 +38,8 @@ from pathlib import Path
 
 #: Characters that cannot be in an identifier: a string literal's words are split on them.
 _NOT_IDENTIFIER = re.compile(r"[^0-9A-Za-z_]+")
+#: A string literal with whitespace in it is prose (a message, a description): it names nothing.
+_WHITESPACE = re.compile(r"\s")
 #: Tokens whose text is a string literal's (Python 3.12+ splits an f-string into parts).
 _STRING_TYPES = {tokenize.STRING, getattr(tokenize, "FSTRING_MIDDLE", tokenize.STRING)}
 
@@ -85,7 +89,8 @@ def naming_lines(source: str, names: Iterable[str]) -> dict[str, set[int]]:
         elif token.type in _STRING_TYPES:
             if any(start <= token.start and token.end <= end for start, end in spans):
                 continue  # a docstring
-            # a literal over several lines names the op on the lines where the word stands
+            if _WHITESPACE.search(token.string):
+                continue  # prose: a message or a description, not a key, name or reference
             for line, text in enumerate(token.string.split("\n"), start=token.start[0]):
                 for name in set(_NOT_IDENTIFIER.split(text)) & wanted:
                     out[name].add(line)

@@ -46,13 +46,15 @@ FIXTURE = {
         class C:
             """norm"""
     ''',
-    # a string literal that holds the word: counted, on each line where it stands
+    # a string literal without whitespace that holds the word: counted; prose (whitespace) is not
     "pkg/strings.py": '''
         FIELD = "norm_implementation"
         REF = "pkg.ops.norm.kernel:norm"
         TEXT = """one line
         and norm here"""
         call("x", "norm")
+        raise ValueError(f"{x}: the norm is wrong")
+        key = f"{x}:norm"
     ''',
     # a name: counted; a name that merely contains the op's: not
     "pkg/names.py": '''
@@ -71,7 +73,8 @@ def test_comments_and_docstrings_do_not_count_strings_and_names_do(tmp_path):
     root = tree(tmp_path, FIXTURE)
     found = om.mentions(root)
     assert set(found) == {"norm", "mask"}
-    # "norm_implementation" is one word, so the first line does not count; the others do
+    # "norm_implementation" is one word, so the first line does not count; TEXT and the message
+    # are prose; REF, the call and the f-string key count
     assert found["norm"] == {"pkg/strings.py": 3, "pkg/names.py": 2}
     assert found["mask"] == {}  # mask_mask, mask_size and "masks" merely contain it
 
