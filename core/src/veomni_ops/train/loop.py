@@ -155,7 +155,7 @@ def memory_budget(job: dict[str, Any], device: str, dtype, model, rt=None):
     t = job["train"]
     rows, seq = int(t["batch_size"]), int(t["seq_len"])
     if rt is not None:
-        rows, seq = rows // rt.layout.dp_shard, -(-seq // rt.layout.sp)
+        rows, seq = rows // rt.layout.dp_degree, -(-seq // rt.layout.sp)
     cfg = model.config.get_text_config()
     free = torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     if rt is None and any(p.is_meta for p in model.parameters()):
