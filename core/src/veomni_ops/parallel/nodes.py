@@ -12,7 +12,7 @@ one node exactly when its size divides ``P``. The layout's groups are consecutiv
   across nodes it still trains, only slower, so it is said (:func:`node_note`), with the fix:
   ``dp_replicate`` (HSDP) so that each node holds its own shard group.
 
-Imports no torch.
+Imports no torch at import time.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from .layout import ParallelConfigError, ParallelLayout
 
@@ -99,3 +100,21 @@ def node_note(layout: ParallelLayout, nodes: Nodes) -> str | None:
     return (f"note: parallel {_layout_text(layout)}: each FSDP2 shard group (dp_shard x sp = {layout.shard_size} "
             f"ranks) spans nodes of {nodes.per_node} processes, so every all-gather crosses the network; "
             f"{_suggestion(layout, nodes)} (HSDP) keeps each on one node")
+
+
+def process_group_store(timeout_s: float) -> dict[str, Any]:
+    """``init_process_group``'s rendezvous arguments for this process: ``env://``, except under a
+    torchrun agent that hosts the job's store (``TORCHELASTIC_USE_AGENT_STORE``, c10d
+    rendezvous): its store outlives a restart (``--max-restarts``), and the keys the dead
+    attempt's ranks left in it (gloo's addresses) would be read by the new one's; there the store
+    is a client of the agent's under a prefix of its own per attempt (``TORCHELASTIC_RESTART_COUNT``)."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() not in ("1", "true"):
+        return {"init_method": "env://"}
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                           timeout=timedelta(seconds=timeout_s))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return {"store": dist.PrefixStore(f"veomni_ops/attempt_{attempt}", client)}

@@ -41,7 +41,7 @@ from .expert import shard_experts
 from .faults import FailureGuard
 from .fsdp import compile_layers, full_tensor, init_from_reference, shard_model
 from .layout import ParallelConfigError, ParallelLayout, world_from_env
-from .nodes import Nodes, check_nodes, node_note
+from .nodes import Nodes, check_nodes, node_note, process_group_store
 from .ulysses import pad_to_multiple, seq_slice
 
 if TYPE_CHECKING:
@@ -113,8 +113,8 @@ class ParallelRuntime:
         if self.device.startswith("cuda"):
             torch.cuda.set_device(torch.device(self.device))
         if not dist.is_initialized():
-            dist.init_process_group(self.backend, init_method="env://", rank=self.rank,
-                                    world_size=self.world_size, timeout=timeout)
+            dist.init_process_group(self.backend, rank=self.rank, world_size=self.world_size, timeout=timeout,
+                                    **process_group_store(self.layout.timeout_s))
             self._owns_pg = True
         elif dist.get_world_size() != self.world_size:
             raise ParallelConfigError(f"the process group has {dist.get_world_size()} ranks, the layout "
