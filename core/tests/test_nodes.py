@@ -155,3 +155,31 @@ def test_two_nodes_of_two_processes_match_one_process(tmp_path):
         assert_same_as_one_process(sc, got)
     text = results[0]["output"]
     assert "HSDP: dense parameters sharded within each block of 2 consecutive ranks" in text, _fmt(results)
+
+
+@pytest.mark.parallel
+def test_two_nodes_train_command_with_hsdp_gives_the_one_process_losses(tmp_path):
+    """``veomni-ops train`` itself on 2 nodes x 2 processes (``dp_replicate: 2, dp_shard: 2``),
+    as the README's multi-node command runs it; then a layout whose sp group would cross the
+    nodes, refused on every rank before any collective, in one line naming the fix."""
+    import yaml
+    from test_parallel import _dense_job
+    from veomni_ops import train
+
+    one = _dense_job(tmp_path, "one.yaml", None, batch_size=4)
+    par = _dense_job(tmp_path, "hsdp.yaml", {"dp_replicate": 2, "dp_shard": 2}, batch_size=4)
+    results = run_nodes(["-m", "veomni_ops.cli", "train", par, "--result-file", str(tmp_path / "hsdp.json")], tmp_path)
+    assert all(r["rc"] == 0 for r in results), _fmt(results)
+    got = json.loads((tmp_path / "hsdp.json").read_text())
+    assert got["parallel"]["dp_replicate"] == 2 and got["parallel"]["world_size"] == 4
+    ref = train.train_one(train.load_job(one), out=open(os.devnull, "w"))
+    for a, b in zip(got["losses"], ref["losses"], strict=True):
+        assert abs(a - b) <= 1e-5 * max(1.0, abs(b)), (got["losses"], ref["losses"])
+    wide = tmp_path / "wide.yaml"
+    wide.write_text(yaml.safe_dump({**yaml.safe_load(open(par)), "parallel": {"sp": 4, "timeout_s": 60}}))
+    results = run_nodes(["-m", "veomni_ops.cli", "train", str(wide), "--result-file", str(tmp_path / "wide.json")],
+                        tmp_path, timeout=180)
+    assert all(r["rc"] not in (0, None) for r in results), _fmt(results)
+    error = json.loads((tmp_path / "wide.json").read_text())["error"]
+    assert "parallel: {dp_replicate: 1, dp_shard: 1, sp: 4, ep: 1} puts sp 4 group(s) across nodes" in error, error
+    assert "parallel: {dp_replicate: 2, dp_shard: 1, sp: 2}" in error, error

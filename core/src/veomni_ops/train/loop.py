@@ -192,9 +192,11 @@ def check_layout(job: dict[str, Any]):
     way, before any collective."""
     from ..parallel import ParallelLayout
     from ..parallel.layout import world_from_env
+    from ..parallel.nodes import Nodes, check_nodes
 
     layout = job.get("parallel") or ParallelLayout.data_parallel(world_from_env())
     layout.check_world(world_from_env())
+    check_nodes(layout, Nodes.from_env())  # sp/ep groups within a node (torchrun's LOCAL_WORLD_SIZE)
     layout.check_model(build_config(job))
     layout.check_batch(int(job["train"]["batch_size"]))
     return layout
