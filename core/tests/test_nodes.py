@@ -22,6 +22,7 @@ pytest.importorskip("transformers")
 if not torch.distributed.is_available():  # pragma: no cover
     pytest.skip("torch.distributed is not available", allow_module_level=True)
 
+import parallel_worker as W  # noqa: E402
 from test_parallel import _env, _free_port, _scenario, assert_same_as_one_process  # noqa: E402
 from veomni_ops.parallel import ParallelConfigError, ParallelLayout  # noqa: E402
 from veomni_ops.parallel.nodes import Nodes, check_nodes, node_note  # noqa: E402
@@ -153,30 +154,57 @@ def test_two_nodes_of_two_processes_match_one_process(tmp_path):
     for sc in NODES2:
         got = torch.load(tmp_path / f"{sc['name']}.pt")
         assert_same_as_one_process(sc, got)
+    # HSDP: the dense parameters replicated over dp_replicate, sharded within each node's block; under ep
+    # the experts' over (dp_replicate, the ranks owning the same experts); without dp_replicate plain FSDP2
+    hsdp = torch.load(tmp_path / "hsdp_dense.pt")["meshes"]["model.embed_tokens.weight"]
+    assert hsdp == {"shape": (2, 2), "dims": ("dp_replicate", "fsdp"), "placements": ["R", "S(0)"]}, hsdp
+    flat = torch.load(tmp_path / "dp2_sp2_dense.pt")["meshes"]["model.embed_tokens.weight"]
+    assert flat["shape"] == (4,) and flat["placements"] == ["S(0)"], flat
+    moe = torch.load(tmp_path / "hsdp_sp2_ep2_moe.pt")["meshes"]
+    experts = next(v for k, v in moe.items() if k.endswith("experts.gate_up_proj"))
+    assert experts["dims"] == ("dp_replicate", "edp") and experts["shape"] == (2, 1), experts
     text = results[0]["output"]
     assert "HSDP: dense parameters sharded within each block of 2 consecutive ranks" in text, _fmt(results)
 
 
 @pytest.mark.parallel
-def test_two_nodes_train_command_with_hsdp_gives_the_one_process_losses(tmp_path):
-    """``veomni-ops train`` itself on 2 nodes x 2 processes (``dp_replicate: 2, dp_shard: 2``),
-    as the README's multi-node command runs it; then a layout whose sp group would cross the
-    nodes, refused on every rank before any collective, in one line naming the fix."""
+def test_two_nodes_train_command_with_hsdp_and_ep_gives_the_one_process_losses(tmp_path):
+    """``veomni-ops train`` itself on 2 nodes x 2 processes (``dp_replicate: 2, dp_shard: 2, ep: 2``),
+    as the README's multi-node command runs it, with checkpoints: its losses are the one-process
+    ones, its checkpoint records the layout and resumes in one process (the experts, written as
+    their part of all of them over the (ep, dp_replicate, edp) ranks, land where they belong).
+    Then a layout whose sp group would cross the nodes: refused on every rank before any
+    collective, in one line naming the fix."""
     import yaml
-    from test_parallel import _dense_job
     from veomni_ops import train
 
-    one = _dense_job(tmp_path, "one.yaml", None, batch_size=4)
-    par = _dense_job(tmp_path, "hsdp.yaml", {"dp_replicate": 2, "dp_shard": 2}, batch_size=4)
-    results = run_nodes(["-m", "veomni_ops.cli", "train", par, "--result-file", str(tmp_path / "hsdp.json")], tmp_path)
+    job = {"model": {"architecture": "qwen3_moe", "size": "tiny",
+                     "config": {k: v for k, v in W.TINY.items() if k != "num_hidden_layers"}},
+           "train": {"batch_size": 4, "seq_len": 15, "steps": 3, "lr": 1e-3, "dtype": "float32", "device": "cpu",
+                     "seed": 0}}
+    one = tmp_path / "one.yaml"
+    one.write_text(yaml.safe_dump(job))
+    par = tmp_path / "hsdp.yaml"
+    par.write_text(yaml.safe_dump({**job, "parallel": {"dp_replicate": 2, "dp_shard": 2, "ep": 2, "timeout_s": 120},
+                                   "train": {**job["train"], "checkpoint_dir": "ckpt", "checkpoint_every": 2}}))
+    results = run_nodes(["-m", "veomni_ops.cli", "train", str(par), "--result-file", str(tmp_path / "hsdp.json")],
+                        tmp_path)
     assert all(r["rc"] == 0 for r in results), _fmt(results)
     got = json.loads((tmp_path / "hsdp.json").read_text())
-    assert got["parallel"]["dp_replicate"] == 2 and got["parallel"]["world_size"] == 4
-    ref = train.train_one(train.load_job(one), out=open(os.devnull, "w"))
+    assert got["parallel"]["dp_replicate"] == 2 and got["parallel"]["world_size"] == 4 and got["parallel"]["ep"] == 2
+    ref = train.train_one(train.load_job(str(one)), out=open(os.devnull, "w"))
     for a, b in zip(got["losses"], ref["losses"], strict=True):
         assert abs(a - b) <= 1e-5 * max(1.0, abs(b)), (got["losses"], ref["losses"])
+    ckpt = tmp_path / "ckpt" / "step-00000002"
+    info = json.loads((ckpt / "veomni_ops.json").read_text())
+    assert info["layout"]["dp_replicate"] == 2 and info["world_size"] == 4
+    resumed = train.load_job(str(one))
+    resumed["train"].update(resume=str(ckpt))
+    again = train.train_one(resumed, out=open(os.devnull, "w"))
+    assert again["first_step"] == 3
+    assert abs(again["losses"][2] - got["losses"][2]) <= 1e-5 * max(1.0, abs(got["losses"][2])), (again, got)
     wide = tmp_path / "wide.yaml"
-    wide.write_text(yaml.safe_dump({**yaml.safe_load(open(par)), "parallel": {"sp": 4, "timeout_s": 60}}))
+    wide.write_text(yaml.safe_dump({**job, "parallel": {"sp": 4, "timeout_s": 60}}))
     results = run_nodes(["-m", "veomni_ops.cli", "train", str(wide), "--result-file", str(tmp_path / "wide.json")],
                         tmp_path, timeout=180)
     assert all(r["rc"] not in (0, None) for r in results), _fmt(results)
