@@ -41,8 +41,8 @@ from ..ops import PARALLEL
 
 #: fields of the ``parallel:`` section, with what each means (for messages and the README)
 FIELDS: Mapping[str, str] = {
-    "dp_replicate": "HSDP replica groups: the parameters are replicated across them, sharded within each (default 1)",
     "dp_shard": "data-parallel ranks, FSDP2-sharded (with sp: the parameters are sharded over dp_shard x sp)",
+    "dp_replicate": "HSDP replica groups: the parameters are replicated across them, sharded within each (default 1)",
     "sp": "Ulysses sequence-parallel degree: each rank holds 1/sp of every sequence",
     "ep": "expert-parallel degree: each rank owns 1/ep of the experts of every MoE layer",
     "timeout_s": "collective timeout in seconds: a rank that stops answering ends every rank after this",
