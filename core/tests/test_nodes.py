@@ -7,6 +7,7 @@ parameters after the last step). Every launcher has a hard timeout: a hang fails
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -200,8 +201,11 @@ def test_two_nodes_train_command_with_hsdp_and_ep_gives_the_one_process_losses(t
     assert info["layout"]["dp_replicate"] == 2 and info["world_size"] == 4
     resumed = train.load_job(str(one))
     resumed["train"].update(resume=str(ckpt))
-    again = train.train_one(resumed, out=open(os.devnull, "w"))
+    said = io.StringIO()
+    again = train.train_one(resumed, out=said)
     assert again["first_step"] == 3
+    assert ("another layout than the checkpoint's (dp_replicate 2 -> 1, dp_shard 2 -> 1, ep 2 -> 1): the losses "
+            "differ by rounding") in said.getvalue(), said.getvalue()
     assert abs(again["losses"][2] - got["losses"][2]) <= 1e-5 * max(1.0, abs(got["losses"][2])), (again, got)
     wide = tmp_path / "wide.yaml"
     wide.write_text(yaml.safe_dump({**job, "parallel": {"sp": 4, "timeout_s": 60}}))

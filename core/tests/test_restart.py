@@ -25,7 +25,7 @@ if not torch.distributed.is_available():  # pragma: no cover
 
 import parallel_worker as W  # noqa: E402
 from test_parallel import _env, _free_port  # noqa: E402
-from veomni_ops.train.restart import HANG_ENV, KILL_ENV, Progress, announce, fault_hooks  # noqa: E402
+from veomni_ops.train.restart import HANG_ENV, KILL_ENV, Progress, announce, fault_hooks, layout_change  # noqa: E402
 
 JOB_TIMEOUT_S = 300
 
@@ -93,6 +93,11 @@ def test_hooks_and_resume_auto_say_what_they_do(tmp_path, monkeypatch, capsys):
     assert "1 step(s) are recomputed" in out.getvalue()
     assert p.resumed(6, out) is None  # the checkpoint is past the note: a plain resume
     assert Progress({"checkpoint_dir": str(tmp_path)}, 1).resumed(4, out) is None  # rank 0 alone says it
+    # a resume under another layout says so (a checkpoint from before dp_replicate: 1)
+    assert layout_change({"dp_shard": 2, "sp": 1, "ep": 1}, {"dp_replicate": 1, "dp_shard": 2, "sp": 1}) is None
+    assert layout_change(None, None) is None
+    assert layout_change({"dp_shard": 2, "sp": 1, "ep": 1}, {"dp_replicate": 2, "dp_shard": 1, "sp": 1}).startswith(
+        "another layout than the checkpoint's (dp_replicate 1 -> 2, dp_shard 2 -> 1)")
 
 
 @pytest.mark.parallel

@@ -74,6 +74,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .errors import CheckpointError, TrainConfigError
+from .restart import layout_change
 
 #: the file of a checkpoint that says what wrote it (rank 0 writes it last, before the rename)
 INFO = "veomni_ops.json"
@@ -455,6 +456,8 @@ class Checkpointer:
         if isinstance(info.get("threads"), int) and info["threads"] != threads:
             notes.append(f"at {threads} intra-op thread(s), written at {info['threads']} (train.threads): the losses "
                          "differ by rounding from a run never stopped")
+        if (moved := layout_change(info.get("layout"), self.rt.layout.to_dict() if self.rt is not None else None)):
+            notes.append(moved)
         if isinstance(info.get("plan"), dict) and info["plan"] != self.kernels:
             old, new = info["plan"], self.kernels
             changed = [f"{op}: {old.get(op, '(not bound)')} -> {new.get(op, '(not bound)')}"
