@@ -164,8 +164,19 @@ def run_parallel(sc: dict[str, Any], out_dir: str) -> None:
             torch.save({"losses": losses, "grads": grads, "params": params, "received_rows": received[0].tolist(),
                         "even_calls": received[1].tolist(), "plan": binding.plan.to_dict(), "initial": initial,
                         "buffers": buffers, "compile": rt.compile_facts, "graph_breaks": graph_breaks(),
-                        "graphs": counters["stats"]["unique_graphs"]},
+                        "graphs": counters["stats"]["unique_graphs"], "meshes": meshes(model)},
                        os.path.join(out_dir, f"{sc['name']}.pt"))
+
+
+def meshes(model) -> dict[str, Any]:
+    """Per parameter, the mesh FSDP2 shards it over: its shape, dim names and placements."""
+    out = {}
+    for name, p in model.named_parameters():
+        mesh = getattr(p, "device_mesh", None)
+        if mesh is not None:
+            out[name] = {"shape": tuple(mesh.shape), "dims": mesh.mesh_dim_names,
+                         "placements": [str(x) for x in p.placements]}
+    return out
 
 
 def main(argv: list[str]) -> int:

@@ -66,7 +66,10 @@ def quiet():
 
 
 def steps_in(directory: Path) -> list[str]:
-    return sorted(os.listdir(directory))
+    """The checkpoints (and interrupted saves) in ``directory``: not rank 0's progress note (.restart)."""
+    from veomni_ops.train.restart import PROGRESS
+
+    return sorted(n for n in os.listdir(directory) if n != PROGRESS)
 
 
 @contextlib.contextmanager

@@ -45,6 +45,16 @@ NOT_RUN = {
         "it installs into the environment running this test; the packaging session installs it into a fresh "
         "venv (tests/packaging/test_install_paths.py), and this session has what it installs",
     'pip install "veomni-ops[liger,triton]"': "the wheels are on no package index yet (the README says so)",
+    "torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint $HEAD:29500 --rdzv-id job1 "
+    "--max-restarts 3 -m veomni_ops.cli train job.yaml":
+        "several nodes of 8 GPUs; core/tests/test_nodes.py runs it as 2 launchers of 2 CPU processes on one machine, "
+        "and core/tests/test_restart.py its --max-restarts with a rank killed",
+    'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)': "a SLURM allocation's node list (SLURM "
+                                                                          "recipe)",
+    'srun torchrun --nnodes "$SLURM_NNODES" --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint "$head:29500" '
+    '--rdzv-id "$SLURM_JOB_ID" --max-restarts 3 -m veomni_ops.cli train job.yaml':
+        "a SLURM allocation of several GPU nodes (SLURM recipe); the torchrun it runs on each node is "
+        "core/tests/test_nodes.py's",
 }
 
 #: Commands for a CUDA GPU. Where torch sees none they run, and must be refused before any work:

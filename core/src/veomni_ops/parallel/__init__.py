@@ -10,7 +10,9 @@ under each (``KernelSpec.parallel``). Everything is PyTorch's own distributed st
 * :mod:`.layout` -- the layout, its rank grid and its checks (no torch import);
 * :mod:`.runtime` -- :class:`ParallelRuntime`: process groups, meshes, batch sharding, loss;
 * :mod:`.fsdp`, :mod:`.ulysses`, :mod:`.expert`, :mod:`.comm` -- the pieces;
-* :mod:`.faults` -- one rank raises, every rank ends with its error (:class:`ParallelFailure`).
+* :mod:`.faults` -- one rank raises, every rank ends with its error (:class:`ParallelFailure`);
+  :mod:`.hangs` -- a rank that hangs is named when the others' collective times out;
+* :mod:`.nodes` -- several nodes: sp/ep groups kept within a node, the store of a restarted attempt.
 """
 
 from __future__ import annotations

@@ -21,7 +21,9 @@ says nothing. So every rank's watchdog also counts a heartbeat in the store, and
 collective fails with no record to read (gloo: the peer's sockets closed) names the rank whose
 heartbeat stopped; where the store itself is gone and no torchrun agent hosts it, rank 0 hosted it
 and is the one that ended. Collective timeouts (``parallel.timeout_s``, given to
-``init_process_group``) remain the bound where a collective waits instead of failing (NCCL).
+``init_process_group``) remain the bound where a collective waits instead of failing (NCCL);
+a rank whose collective timed out while every rank beats names the rank that never reached it,
+hung (:mod:`.hangs`), whose own watchdog then ends it.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ import threading
 import time
 from datetime import timedelta
 from typing import Any, Literal
+
+from .hangs import find_hung
 
 PREFIX = "veomni_ops/failure"
 #: torchrun's agent sets this where it hosts the job's store (then the store outlives rank 0)
@@ -132,6 +136,8 @@ class FailureGuard:
             peer = self._peer_failure(min(self.ack_wait_s, 2.0))
             if peer is None:  # no record: a rank that died without a word (killed, OOM), if one stopped beating
                 peer = self._silent_failure()
+            if peer is None and "timed out" in str(exc).lower():  # every rank beats: one that is stuck (.hangs)
+                peer = find_hung(self)
             if peer is not None and peer["rank"] != self.rank:
                 with self._lock:
                     self._reported = True
@@ -231,7 +237,7 @@ class FailureGuard:
                 gone = f"the job's store at {self.host}:{self.port} is gone ({e})"
                 got = ({"rank": 0, "error": f"{SILENT_DEATH}; {gone}, which rank 0 hosted"} if self.store_on_rank0
                        else {"rank": "?", "error": f"{gone}; the launcher ended"})
-            if got is None or got["rank"] == self.rank:
+            if got is None or (got["rank"] == self.rank and not got.get("hung")):  # hung: this rank is stuck
                 continue
             with self._lock:
                 if self._reported or self._stop.is_set():
@@ -245,6 +251,8 @@ class FailureGuard:
                 pass
             if self.exit_on_peer_failure:
                 sys.stdout.flush()
-                time.sleep(2 * self.poll_s)  # let the failing rank see the acknowledgement (it may host the store)
+                # let the failing rank see the acknowledgement (it may host the store); named hung, let the
+                # rank that named it say so before a launcher (torchrun) stops it for this rank's end
+                time.sleep(2.0 if got.get("hung") else 2 * self.poll_s)
                 os._exit(1)
             return

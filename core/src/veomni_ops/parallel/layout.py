@@ -1,11 +1,19 @@
 """``ParallelLayout``: the ``parallel:`` section of a job, validated. Imports no torch.
 
-    parallel: {dp_shard: 2, sp: 2, ep: 2, timeout_s: 600}
+    parallel: {dp_replicate: 2, dp_shard: 2, sp: 2, ep: 2, timeout_s: 600}
 
 Ranks form a ``dp_shard x sp`` grid with ``sp`` innermost: rank ``= dp * sp + s`` (so the
 ranks of one sequence-parallel group are neighbours: on GPUs, one node's NVLink). Every
 process holds ``batch_size / dp_shard`` rows of the global batch and ``1 / sp`` of their
 sequence. ``dp_shard x sp`` must equal the number of processes.
+
+``dp_replicate`` (HSDP, default 1) repeats that grid: ranks form ``dp_replicate x dp_shard x sp``
+with ``sp`` innermost (rank ``= (r * dp_shard + d) * sp + s``); FSDP2 shards the parameters
+within each block of ``dp_shard x sp`` consecutive ranks and replicates them across the blocks
+(gradients all-reduced between them), and the global batch is split over ``dp_replicate x
+dp_shard`` data-parallel rows. Consecutive ranks share a node under torchrun, so one block per
+node (or a divisor of one) keeps FSDP2's all-gathers on the node; :mod:`.nodes` checks that the
+sp and ep groups never cross a node. ``dp_replicate x dp_shard x sp`` is then the world.
 
 * **FSDP2** shards every dense parameter over all ``dp_shard x sp`` ranks (the sequence
   shards of one row are data-parallel for the parameters: their gradients are summed too).
@@ -34,6 +42,7 @@ from ..ops import PARALLEL
 #: fields of the ``parallel:`` section, with what each means (for messages and the README)
 FIELDS: Mapping[str, str] = {
     "dp_shard": "data-parallel ranks, FSDP2-sharded (with sp: the parameters are sharded over dp_shard x sp)",
+    "dp_replicate": "HSDP replica groups: the parameters are replicated across them, sharded within each (default 1)",
     "sp": "Ulysses sequence-parallel degree: each rank holds 1/sp of every sequence",
     "ep": "expert-parallel degree: each rank owns 1/ep of the experts of every MoE layer",
     "timeout_s": "collective timeout in seconds: a rank that stops answering ends every rank after this",
@@ -106,6 +115,7 @@ class ParallelLayout:
     sp: int = 1
     ep: int = 1
     timeout_s: float = DEFAULT_TIMEOUT_S
+    dp_replicate: int = 1
 
     def __post_init__(self) -> None:
         problems = [p for name in FIELDS if (p := _field_problem(name, getattr(self, name)))]
@@ -133,7 +143,17 @@ class ParallelLayout:
     # -- facts -----------------------------------------------------------------------------
     @property
     def world_size(self) -> int:
+        return self.dp_replicate * self.dp_shard * self.sp
+
+    @property
+    def shard_size(self) -> int:
+        """The ranks of one FSDP2 shard group (``dp_shard x sp``; all of them without ``dp_replicate``)."""
         return self.dp_shard * self.sp
+
+    @property
+    def dp_degree(self) -> int:
+        """The data-parallel rows the global batch is split into: ``dp_replicate x dp_shard``."""
+        return self.dp_replicate * self.dp_shard
 
     @property
     def is_trivial(self) -> bool:
@@ -163,10 +183,11 @@ class ParallelLayout:
     def check_world(self, world_size: int, launcher: str = "") -> None:
         if world_size != self.world_size:
             how = launcher or f"torchrun --nproc-per-node {self.world_size}"
+            rep = f"dp_replicate {self.dp_replicate} x " if self.dp_replicate > 1 else ""
             raise ParallelConfigError(
-                f"parallel: dp_shard {self.dp_shard} x sp {self.sp} = {self.world_size} process(es), but this job runs "
-                f"in {world_size} (WORLD_SIZE={world_size}); make dp_shard x sp equal the number of processes, or run "
-                f"it as {how} ..."
+                f"parallel: {rep}dp_shard {self.dp_shard} x sp {self.sp} = {self.world_size} process(es), but this job "
+                f"runs in {world_size} (WORLD_SIZE={world_size}); make {rep}dp_shard x sp equal the number of "
+                f"processes, or run it as {how} ..."
             )
 
     def check_model(self, config: Any) -> None:
@@ -197,10 +218,12 @@ class ParallelLayout:
             raise ParallelConfigError("; ".join(problems))
 
     def check_batch(self, batch_size: int) -> None:
-        if batch_size % self.dp_shard:
+        if batch_size % self.dp_degree:
+            what = (f"dp_replicate x dp_shard = {self.dp_replicate} x {self.dp_shard} = {self.dp_degree}"
+                    if self.dp_replicate > 1 else f"parallel.dp_shard {self.dp_shard}")
             raise ParallelConfigError(
-                f"train.batch_size {batch_size} is the global batch and parallel.dp_shard {self.dp_shard} must divide it "
-                f"(each data-parallel rank trains batch_size / dp_shard rows)"
+                f"train.batch_size {batch_size} is the global batch and {what} must divide it "
+                f"(each data-parallel rank trains batch_size / {'(dp_replicate x dp_shard)' if self.dp_replicate > 1 else 'dp_shard'} rows)"
             )
 
     # -- printing ---------------------------------------------------------------------------
@@ -210,9 +233,14 @@ class ParallelLayout:
     def describe(self) -> str:
         """Several lines: the layout, the groups and what is sharded how."""
         w = self.world_size
-        lines = [f"ParallelLayout: {w} process(es) = dp_shard {self.dp_shard} x sp {self.sp}; ep {self.ep}; "
+        rep = f"dp_replicate {self.dp_replicate} x " if self.dp_replicate > 1 else ""
+        lines = [f"ParallelLayout: {w} process(es) = {rep}dp_shard {self.dp_shard} x sp {self.sp}; ep {self.ep}; "
                  f"collective timeout {self.timeout_s:g}s"]
-        lines.append(f"  FSDP2: dense parameters sharded over all {w} ranks (dp_shard x sp), gradients summed")
+        if self.dp_replicate > 1:
+            lines.append(f"  HSDP: dense parameters sharded within each block of {self.shard_size} consecutive ranks "
+                         f"(dp_shard x sp), replicated across the {self.dp_replicate} blocks, gradients summed")
+        else:
+            lines.append(f"  FSDP2: dense parameters sharded over all {w} ranks (dp_shard x sp), gradients summed")
         if self.sp > 1:
             groups = " ".join(str(self.sp_group(r)) for r in range(0, w, self.sp))
             lines.append(f"  sp: Ulysses groups {groups}: each rank holds 1/{self.sp} of every sequence; attention "
@@ -220,6 +248,7 @@ class ParallelLayout:
         if self.ep > 1:
             groups = " ".join(str(self.ep_group(r)) for r in range(0, w, self.ep))
             lines.append(f"  ep: expert groups {groups}: each rank owns 1/{self.ep} of the experts; tokens dispatched "
-                         f"by all-to-all; expert parameters FSDP-sharded over the {w // self.ep} rank(s) owning the "
-                         "same experts")
+                         f"by all-to-all; expert parameters FSDP-sharded over the {self.shard_size // self.ep} rank(s) "
+                         "owning the same experts" + (" in each block, replicated across the blocks"
+                                                      if self.dp_replicate > 1 else ""))
         return "\n".join(lines)

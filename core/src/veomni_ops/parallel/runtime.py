@@ -41,6 +41,7 @@ from .expert import shard_experts
 from .faults import FailureGuard
 from .fsdp import compile_layers, full_tensor, init_from_reference, shard_model
 from .layout import ParallelConfigError, ParallelLayout, world_from_env
+from .nodes import Nodes, check_nodes, node_note, process_group_store
 from .ulysses import pad_to_multiple, seq_slice
 
 if TYPE_CHECKING:
@@ -89,6 +90,7 @@ class ParallelRuntime:
         self.fsdp_facts: dict[str, Any] = {}
         self.compile_facts: dict[str, Any] = {}
         self.init_facts: dict[str, Any] = {}
+        self.nodes = Nodes(1, layout.world_size)
 
     # -- start and end ------------------------------------------------------------------------
     @classmethod
@@ -98,17 +100,21 @@ class ParallelRuntime:
         world = world_from_env()
         layout = layout if layout is not None else ParallelLayout.data_parallel(world)
         layout.check_world(world)
+        nodes = Nodes.from_env()
+        check_nodes(layout, nodes)
         rank = int(os.environ.get("RANK", "0"))
         local_rank = int(os.environ.get("LOCAL_RANK", str(rank)))
-        return cls(layout, rank, local_rank, rank_device(device))
+        rt = cls(layout, rank, local_rank, rank_device(device))
+        rt.nodes = nodes
+        return rt
 
     def start(self) -> ParallelRuntime:
         timeout = timedelta(seconds=self.layout.timeout_s)
         if self.device.startswith("cuda"):
             torch.cuda.set_device(torch.device(self.device))
         if not dist.is_initialized():
-            dist.init_process_group(self.backend, init_method="env://", rank=self.rank,
-                                    world_size=self.world_size, timeout=timeout)
+            dist.init_process_group(self.backend, rank=self.rank, world_size=self.world_size, timeout=timeout,
+                                    **process_group_store(self.layout.timeout_s))
             self._owns_pg = True
         elif dist.get_world_size() != self.world_size:
             raise ParallelConfigError(f"the process group has {dist.get_world_size()} ranks, the layout "
@@ -125,14 +131,20 @@ class ParallelRuntime:
 
         kind = "cuda" if self.device.startswith("cuda") else "cpu"
         lay = self.layout
-        self.dense_mesh = init_device_mesh(kind, (self.world_size,), mesh_dim_names=("fsdp",))
+        # Inner dims are consecutive ranks (one node's, .nodes); dp_replicate outermost: HSDP's 2-D mesh.
+        if lay.dp_replicate > 1:
+            self.dense_mesh = init_device_mesh(kind, (lay.dp_replicate, lay.shard_size),
+                                               mesh_dim_names=("dp_replicate", "fsdp"))
+        else:
+            self.dense_mesh = init_device_mesh(kind, (self.world_size,), mesh_dim_names=("fsdp",))
         if lay.sp > 1:
-            grid = init_device_mesh(kind, (lay.dp_shard, lay.sp), mesh_dim_names=("dp_shard", "sp"))
+            grid = init_device_mesh(kind, (lay.dp_degree, lay.sp), mesh_dim_names=("dp", "sp"))
             self.sp_group = grid.get_group("sp")
         if lay.ep > 1:
-            grid = init_device_mesh(kind, (self.world_size // lay.ep, lay.ep), mesh_dim_names=("edp", "ep"))
+            edp = lay.shard_size // lay.ep
+            grid = init_device_mesh(kind, (lay.dp_replicate, edp, lay.ep), mesh_dim_names=("dp_replicate", "edp", "ep"))
             self.ep_group = grid.get_group("ep")
-            self.expert_mesh = grid["edp"]
+            self.expert_mesh = grid["dp_replicate", "edp"] if lay.dp_replicate > 1 else grid["edp"]
 
     def close(self, exc: BaseException | None = None) -> None:
         """End the job on this rank: on success a barrier, then the process group is destroyed;
@@ -299,7 +311,8 @@ class ParallelRuntime:
         b, s = input_ids.shape
         lay.check_batch(b)
         labels = input_ids if labels is None else labels
-        rows = slice(self.coords["dp"] * (b // lay.dp_shard), (self.coords["dp"] + 1) * (b // lay.dp_shard))
+        n = b // lay.dp_degree  # rows of each data-parallel index (dp_replicate x dp_shard of them)
+        rows = slice(self.coords["dp"] * n, (self.coords["dp"] + 1) * n)
         ids, shift = input_ids[rows], shifted_labels(labels[rows], IGNORE_INDEX)
         if position_ids is None:
             pos = torch.arange(s, device=ids.device).expand(ids.shape[0], s)
@@ -354,7 +367,8 @@ class ParallelRuntime:
 
     def describe(self) -> str:
         c = self.coords
-        return (self.layout.describe() + f"\n  this is rank {self.rank} (dp {c['dp']}, sp {c['sp']}, ep {c['ep']}) on "
+        note = node_note(self.layout, self.nodes)
+        return (self.layout.describe() + (f"\n  {note}" if note else "") + f"\n  this is rank {self.rank} (dp {c['dp']}, sp {c['sp']}, ep {c['ep']}) on "
                 f"{self.device}, backend {self.backend}")
 
     def to_dict(self) -> dict[str, Any]:

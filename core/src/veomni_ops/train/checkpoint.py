@@ -141,14 +141,15 @@ class Checkpointer(CheckpointChecks):
         if not names:
             return state
         import torch
-        from torch.distributed.tensor import DTensor, Shard
+        from torch.distributed.tensor import DTensor, Replicate, Shard
 
         mesh = self._expert_mesh()
         out = dict(state)
+        places = [Shard(0), *([Replicate()] if mesh.ndim == 3 else []), Shard(0)]  # HSDP: replicated over dp_replicate
         for k, v in state.items():
             if key(k) in names and isinstance(v, DTensor):
                 shape = torch.Size((v.shape[0] * self.rt.layout.ep, *v.shape[1:]))
-                out[k] = DTensor.from_local(v.to_local(), mesh, [Shard(0), Shard(0)], run_check=False, shape=shape,
+                out[k] = DTensor.from_local(v.to_local(), mesh, places, run_check=False, shape=shape,
                                             stride=torch.empty(shape, device="meta").stride())
         return out
 
@@ -157,10 +158,11 @@ class Checkpointer(CheckpointChecks):
             import torch
             from torch.distributed.device_mesh import DeviceMesh
 
-            ep, world = self.rt.layout.ep, self.rt.world_size
-            ranks = torch.arange(world).reshape(world // ep, ep).T  # [ep coordinate, edp coordinate]
+            ep, world, rep = self.rt.layout.ep, self.rt.world_size, self.rt.layout.dp_replicate
+            ranks = torch.arange(world).reshape(rep, world // rep // ep, ep).permute(2, 0, 1)  # [ep, replica, edp]
             kind = "cuda" if self.device.startswith("cuda") else "cpu"
-            self._mesh = DeviceMesh(kind, ranks, mesh_dim_names=("ep", "edp"))
+            names = ("ep", "dp_replicate", "edp") if rep > 1 else ("ep", "edp")
+            self._mesh = DeviceMesh(kind, ranks if rep > 1 else ranks[:, 0], mesh_dim_names=names)
         return self._mesh
 
     def _sharded_state(self) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:

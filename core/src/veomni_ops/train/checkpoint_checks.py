@@ -9,6 +9,7 @@ from typing import Any
 
 from .checkpoint_files import _digest, _earlier, _os_error
 from .errors import CheckpointError, TrainConfigError
+from .restart import layout_change
 
 
 class CheckpointChecks:
@@ -56,7 +57,7 @@ class CheckpointChecks:
     def _not_bitwise(self, info: dict[str, Any]) -> list[str]:
         """What of this run differs from the run that wrote the checkpoint in a way that keeps
         the model but changes the rounding, so that the losses are not bitwise those of a run
-        never stopped: the thread count (``train.threads`` set to another), the plan."""
+        never stopped: the thread count (``train.threads`` set to another), the layout, the plan."""
         import torch
 
         notes = []
@@ -64,6 +65,8 @@ class CheckpointChecks:
         if isinstance(info.get("threads"), int) and info["threads"] != threads:
             notes.append(f"at {threads} intra-op thread(s), written at {info['threads']} (train.threads): the losses "
                          "differ by rounding from a run never stopped")
+        if (moved := layout_change(info.get("layout"), self.rt.layout.to_dict() if self.rt is not None else None)):
+            notes.append(moved)
         if isinstance(info.get("plan"), dict) and info["plan"] != self.kernels:
             old, new = info["plan"], self.kernels
             changed = [f"{op}: {old.get(op, '(not bound)')} -> {new.get(op, '(not bound)')}"

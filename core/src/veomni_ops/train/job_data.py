@@ -104,7 +104,7 @@ def _load_parallel(section: Any, train: dict[str, Any], problems: list[str]):
     fields, found = read_fields(section)
     problems += found
     # what the well-formed fields say is checked too, beside the section's own problems
-    ranks = ParallelLayout(**{k: v for k, v in fields.items() if k in ("dp_shard", "sp")})
+    ranks = ParallelLayout(**{k: v for k, v in fields.items() if k in ("dp_replicate", "dp_shard", "sp")})
     b = train["batch_size"]
     if isinstance(b, int) and not isinstance(b, bool) and b >= 1:
         try:

@@ -52,7 +52,7 @@ def min_step_bytes(job: dict[str, Any]) -> tuple[int, str] | None:
 
     layout = job["parallel"]  # without one, torchrun's processes are data-parallel ranks (one: no torchrun)
     dp, sp = (layout.dp_shard, layout.sp) if layout is not None else (world_from_env(), 1)
-    tokens = -(-t["batch_size"] // dp) * -(-t["seq_len"] // sp)
+    tokens = -(-t["batch_size"] // (dp * (layout.dp_replicate if layout else 1))) * -(-t["seq_len"] // sp)
     hidden, layers, vocab = shape["hidden_size"], shape["num_hidden_layers"], shape["vocab_size"]
     size = DTYPE_BYTES[t["dtype"]]
     need = tokens * hidden * layers * size + -(-vocab * hidden * size // dp)

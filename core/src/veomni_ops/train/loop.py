@@ -26,6 +26,7 @@ from .model import (
     reference_model,
     resolve_device,
 )
+from .restart import Progress, fault_hooks
 
 
 def rate_stats(rates: list[float], warmup: int) -> dict[str, Any]:
@@ -155,7 +156,7 @@ def memory_budget(job: dict[str, Any], device: str, dtype, model, rt=None):
     t = job["train"]
     rows, seq = int(t["batch_size"]), int(t["seq_len"])
     if rt is not None:
-        rows, seq = rows // rt.layout.dp_shard, -(-seq // rt.layout.sp)
+        rows, seq = rows // rt.layout.dp_degree, -(-seq // rt.layout.sp)
     cfg = model.config.get_text_config()
     free = torch.cuda.mem_get_info(device)[0] + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     if rt is None and any(p.is_meta for p in model.parameters()):
@@ -191,9 +192,11 @@ def check_layout(job: dict[str, Any]):
     way, before any collective."""
     from ..parallel import ParallelLayout
     from ..parallel.layout import world_from_env
+    from ..parallel.nodes import Nodes, check_nodes
 
     layout = job.get("parallel") or ParallelLayout.data_parallel(world_from_env())
     layout.check_world(world_from_env())
+    check_nodes(layout, Nodes.from_env())  # sp/ep groups within a node (torchrun's LOCAL_WORLD_SIZE)
     layout.check_model(build_config(job))
     layout.check_batch(int(job["train"]["batch_size"]))
     return layout
@@ -224,8 +227,10 @@ def _train(job: dict[str, Any], out, baseline: str | None = None, rt=None) -> di
     source = None
     if baseline is None and (job["train"].get("checkpoint_dir") or job["train"].get("resume")):
         from .checkpoint import find_resume
+        from .restart import announce
 
         source = find_resume(job["train"])
+        announce(job["train"], source, out)  # resume: auto says which it took
     before = torch.get_num_threads()
     torch.set_num_threads(run_threads(job["train"], source, out))
     try:
@@ -275,14 +280,17 @@ def _run(job: dict[str, Any], out, baseline: str | None, rt, source: str | None)
     vocab = model.config.vocab_size
     # Checkpoints (train.checkpoint_dir / resume; never for a baseline, a measurement of another stack):
     # a resumed run starts after the checkpoint's step, with its losses so far.
-    start, ckpt = 0, None
+    start, ckpt, restarted = 0, None, None
     losses: list[float] = []
+    me = rt.rank if rt is not None else 0
+    progress = Progress(t if baseline is None else {}, me)  # what a restart lost (.restart)
     if baseline is None and (t.get("checkpoint_dir") or t.get("resume")):
         from .checkpoint import Checkpointer
 
         ckpt = Checkpointer(job, model, opt, device, rt, out, facts["kernels"])
         if source is not None:
             start, losses = ckpt.load(source, vocab)
+            restarted = progress.resumed(start, out)
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     warmup = 2 if facts["compiled"] else 1  # allocation and autotuning; compilation too when compiled
@@ -292,6 +300,7 @@ def _run(job: dict[str, Any], out, baseline: str | None, rt, source: str | None)
     for i, batch in enumerate(job_batches(job, vocab, device, start), start=start):
         if i == start and (line := describe(job, batch, i + 1)):
             print(line, file=out, flush=True)
+        fault_hooks(i + 1, me)
         packed.add(batch)
         t0 = time.perf_counter()
         outp = model(**step_inputs(batch, rt, baseline))
@@ -302,6 +311,7 @@ def _run(job: dict[str, Any], out, baseline: str | None, rt, source: str | None)
         dt = time.perf_counter() - t0
         rate = b * s / dt
         losses.append(loss)
+        progress.step_done(i + 1, dt)
         rates.append(rate)
         peak, what = peak_bytes(device)
         done = (i + 1) * width // steps
@@ -326,7 +336,7 @@ def _run(job: dict[str, Any], out, baseline: str | None, rt, source: str | None)
         "device": device, "dtype": t["dtype"], "steps": steps, "batch_size": b, "seq_len": s, "seed": t["seed"],
         "threads": torch.get_num_threads(), **facts, "losses": losses, "final_loss": losses[-1] if losses else float("nan"),
         "first_step": start + 1, "resumed_from": source, "checkpoint_dir": t.get("checkpoint_dir"),
-        **stats, "step_tokens_per_s": rates, "peak_gib": peak / 2**30, "peak_kind": what,
+        **stats, "step_tokens_per_s": rates, "peak_gib": peak / 2**30, "peak_kind": what, "restart": restarted,
     }
     if (data := packed.to_dict(job)) is not None:
         result["data"] = data
