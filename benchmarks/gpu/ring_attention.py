@@ -33,6 +33,13 @@ on the host) between ``torch.cuda.synchronize()`` calls; tokens/s are the global
 over it, the median over the steps after ``--warmup`` (``veomni_ops.train.loop.rate_stats``, as
 ``veomni-ops train`` reports it). Peak memory: ``torch.cuda.max_memory_allocated`` of each rank.
 
+Memory: plain transformers computes the loss from whole logits (``[tokens, vocab]`` in bf16, then
+a float32 copy and its log-softmax): at 65,536 tokens over 2 ranks, 32,768 x 151,936 per rank,
+about 10 + 20 + 20 GB before the backward, beside the float32 master shards, AdamW state and
+gradients (~24 GB per rank for the 4-layer 30B-shaped model). The Ulysses job's loss kernel is
+veomni-ops', so the two runs differ in more than the attention split (MoE experts, loss, norms);
+an out-of-memory ends the run with one line (and ``{"error": "out of memory"}`` in ``--json``).
+
     torchrun --nproc-per-node 2 benchmarks/gpu/ring_attention.py --seq-len 65536 --json ring.json
     python benchmarks/gpu/ring_attention.py --dry-run            # anywhere: the plan, no training
 
@@ -312,7 +319,22 @@ def main(argv=None) -> int:
     job = load(a)
     if a.dry_run:
         return dry_run(a, job)
-    return run(a, job)
+    try:
+        return run(a, job)
+    except Exception as e:  # out of memory: say so in one line and in --json (torchrun ends the other ranks)
+        import torch
+
+        if not isinstance(e, torch.cuda.OutOfMemoryError):
+            raise
+        peak = torch.cuda.max_memory_allocated() / 2**30
+        rank = int(os.environ.get("RANK", "0"))
+        print(f"ring attention: out of memory at seq_len {job['train']['seq_len']} on rank {rank} (peak allocated "
+              f"{peak:.2f} GiB before it): {str(e).splitlines()[0]}", file=sys.stderr, flush=True)
+        if rank == 0 and a.json and a.json != "-":
+            Path(a.json).write_text(json.dumps({"run": "ring-attention", "config": job["path"], "error": "out of memory",
+                                                "seq_len": job["train"]["seq_len"], "rotate": a.rotate,
+                                                "peak_gib_rank0": peak, "message": str(e)}, indent=1) + "\n")
+        return 1
 
 
 if __name__ == "__main__":
