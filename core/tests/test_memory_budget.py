@@ -202,14 +202,16 @@ def test_train_job_budget_is_cuda_only_and_counts_one_ranks_tokens(monkeypatch):
     assert got.free_bytes == 6 * GIB  # the driver's free, plus what PyTorch caches unused
     assert got.shapes == {"cross_entropy": {"tokens": 4096, "hidden": 64, "vocab": 1000, "itemsize": 2}}
 
-    class Layout:
-        dp_shard, sp = 2, 4
+    from veomni_ops.parallel import ParallelLayout
 
     class Runtime:
-        layout = Layout()
+        layout = ParallelLayout(dp_shard=2, sp=4)
 
     ranked = memory_budget(_job(s=1023), "cuda:0", torch.bfloat16, _model(), Runtime())
     assert ranked.shapes["cross_entropy"]["tokens"] == 2 * 256  # its rows, its (padded) sequence slice
+    Runtime.layout = ParallelLayout(dp_replicate=2, dp_shard=2)  # HSDP: the rows split over both
+    ranked = memory_budget(_job(), "cuda:0", torch.bfloat16, _model(), Runtime())
+    assert ranked.shapes["cross_entropy"]["tokens"] == 1 * 1024
     # built on the meta device: the weights still to come are not free
     meta = memory_budget(_job(), "cuda:0", torch.bfloat16, _model(meta=True))
     assert meta.free_bytes == 6 * GIB - 64 * 1000 * 2
