@@ -164,7 +164,8 @@ def run_parallel(sc: dict[str, Any], out_dir: str) -> None:
             torch.save({"losses": losses, "grads": grads, "params": params, "received_rows": received[0].tolist(),
                         "even_calls": received[1].tolist(), "plan": binding.plan.to_dict(), "initial": initial,
                         "buffers": buffers, "compile": rt.compile_facts, "graph_breaks": graph_breaks(),
-                        "graphs": counters["stats"]["unique_graphs"], "meshes": meshes(model)},
+                        "graphs": counters["stats"]["unique_graphs"], "meshes": meshes(model),
+                        "reduce_dtypes": reduce_dtypes(model)},
                        os.path.join(out_dir, f"{sc['name']}.pt"))
 
 
@@ -177,6 +178,14 @@ def meshes(model) -> dict[str, Any]:
             out[name] = {"shape": tuple(mesh.shape), "dims": mesh.mesh_dim_names,
                          "placements": [str(x) for x in p.placements]}
     return out
+
+
+def reduce_dtypes(model) -> dict[str, str]:
+    """Per module FSDP2 wraps (experts, layers, root ``""``), its MixedPrecisionPolicy's reduce dtype."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return {name: str(m._get_fsdp_state()._mp_policy.reduce_dtype)
+            for name, m in model.named_modules() if isinstance(m, FSDPModule)}
 
 
 def main(argv: list[str]) -> int:

@@ -70,6 +70,7 @@ def test_layout_ranks_and_groups():
     ({"sp": 1.5}, ["parallel.sp"]),
     ({"dp_shard": 3, "ep": 2}, ["parallel.ep 2 must divide dp_shard x sp = 3 x 1 = 3"]),
     ({"timeout_s": -1}, ["timeout_s"]),
+    ({"dp_shard": 2, "reduce_dtype": "float16"}, ["parallel.reduce_dtype must be one of float32, bfloat16, got 'float16'"]),
     ([2, 2], ["mapping"]),
 ])
 def test_layout_refuses_malformed(data, words):
@@ -92,6 +93,36 @@ def test_every_problem_of_the_section_is_reported_at_once():
     with pytest.raises(ParallelConfigError) as e:
         ParallelLayout(dp_shard=3, ep=2, timeout_s=0)  # built directly: the same checks
     assert e.value.problems == ("parallel.timeout_s must be a number of seconds > 0, got 0",)
+
+
+def test_reduce_dtype_is_stated_where_it_is_not_float32(tmp_path, monkeypatch):
+    """parallel.reduce_dtype (issue 36): the default leaves the layout's record as before; bfloat16 is
+    in the description, the record (result JSON, checkpoint) and its note; a float32 job refuses it;
+    shard_model refuses it with a float32 compute dtype before touching the model."""
+    import yaml
+    from veomni_ops import train
+    from veomni_ops.parallel.fsdp import shard_model
+    from veomni_ops.parallel.layout import REDUCE_BF16_NOTE
+
+    plain = ParallelLayout(dp_shard=2)
+    assert "reduce_dtype" not in plain.to_dict() and "reduce_dtype" not in plain.describe()
+    assert ParallelLayout.from_dict({"dp_shard": 2, "reduce_dtype": "float32"}) == plain
+    lay = ParallelLayout.from_dict({"dp_shard": 2, "reduce_dtype": "bfloat16"})
+    assert lay.to_dict()["reduce_dtype"] == "bfloat16" and lay.to_dict()["reduce_note"] == REDUCE_BF16_NOTE
+    assert f"reduce_dtype: bfloat16: {REDUCE_BF16_NOTE}" in lay.describe() and "rounding" in REDUCE_BF16_NOTE
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    path = tmp_path / "job.yaml"
+    job = {"model": {"architecture": "qwen3", "size": "tiny"}, "train": {"steps": 1, "device": "cpu"},
+           "parallel": {"dp_shard": 2, "reduce_dtype": "bfloat16"}}
+    path.write_text(yaml.safe_dump(job))
+    with pytest.raises(train.TrainConfigError, match="parallel.reduce_dtype bfloat16 is for a bfloat16 job, but "
+                       "train.dtype is float32; set train.dtype: bfloat16 or remove parallel.reduce_dtype"):
+        train.load_job(str(path))
+    job["train"]["dtype"] = "bfloat16"
+    path.write_text(yaml.safe_dump(job))
+    assert train.load_job(str(path))["parallel"] == lay
+    with pytest.raises(ValueError, match="reduce_dtype torch.bfloat16 needs compute dtype torch.bfloat16"):
+        shard_model(torch.nn.Linear(2, 2), None, torch.float32, reduce_dtype=torch.bfloat16)  # type: ignore[arg-type]
 
 
 def test_layout_checks_world_model_and_batch():
@@ -457,6 +488,9 @@ WORLD2 = [
     # bfloat16: FSDP keeps float32 shards and computes in bfloat16 (one process: bfloat16 weights); the
     # plan takes grouped_mm for the experts, which runs under EP too
     _scenario("bf16_sp_ep_grouped_mm", "qwen3_moe", {"sp": 2, "ep": 2}, dtype="bfloat16", opt="adamw", steps=3),
+    # parallel.reduce_dtype bfloat16 (issue 36): gradients summed in bfloat16, the experts' own fully_shard too
+    _scenario("bf16_reduce_bf16", "qwen3_moe", {"dp_shard": 2, "ep": 2, "reduce_dtype": "bfloat16"},
+              dtype="bfloat16", opt="adamw"),
 ]
 WORLD4 = [
     _scenario("dp2_sp2_ep2_moe", "qwen3_moe", {"dp_shard": 2, "sp": 2, "ep": 2}),
@@ -522,6 +556,10 @@ def test_two_ranks_match_one_process(world2, sc):
     assert_same_as_one_process(sc, got)
     if sc["arch"] == "qwen3_moe":  # the runtime's batches take the even exchange unless told otherwise
         assert got["even_calls"] == ([0, 0] if sc.get("ep_counted") else [sc["steps"] * 2] * 2), got["even_calls"]
+    if sc.get("dtype") == "bfloat16":  # every FSDP2 module (experts, layers, root) reduces in the layout's dtype
+        want = f"torch.{sc['parallel'].get('reduce_dtype', 'float32')}"
+        assert got["reduce_dtypes"] and set(got["reduce_dtypes"].values()) == {want}, got["reduce_dtypes"]
+        assert any(".experts" in n for n in got["reduce_dtypes"]) and "" in got["reduce_dtypes"], got["reduce_dtypes"]
     if sc["name"] == "sp_ep_skewed_odd":
         assert got["received_rows"][1] == 0 and got["received_rows"][0] > 0  # rank 1 received no token
         for name, g in got["grads"][0].items():

@@ -98,6 +98,10 @@ def test_hooks_and_resume_auto_say_what_they_do(tmp_path, monkeypatch, capsys):
     assert layout_change(None, None) is None
     assert layout_change({"dp_shard": 2, "sp": 1, "ep": 1}, {"dp_replicate": 2, "dp_shard": 1, "sp": 1}).startswith(
         "another layout than the checkpoint's (dp_replicate 1 -> 2, dp_shard 2 -> 1)")
+    # parallel.reduce_dtype: said, not refused (a checkpoint without the key reduced in float32)
+    assert layout_change({"dp_shard": 2}, {"dp_shard": 2, "reduce_dtype": "float32"}) is None
+    assert layout_change({"dp_shard": 2}, {"dp_shard": 2, "reduce_dtype": "bfloat16"}).startswith(
+        "another layout than the checkpoint's (reduce_dtype float32 -> bfloat16)")
 
 
 @pytest.mark.parallel

@@ -8,7 +8,9 @@ count), so the sum is the single-process gradient.
 
 Mixed precision follows the job's dtype: for bfloat16/float16 the sharded parameters are kept
 in float32 (the optimizer's master copy), gathered and computed in the job's dtype, and
-gradients are reduced in float32. For float32 nothing is cast.
+gradients are reduced in float32 -- or in bfloat16 where the job says ``parallel.reduce_dtype:
+bfloat16`` (a bfloat16 job only; it halves the bytes of the reduce-scatter, and of HSDP's
+all-reduce across replicas, which FSDP2 runs in the same reduce dtype). For float32 nothing is cast.
 
 Overlap (issue 23's profile: a small model's step is bound by the host, and every all-gather
 the GPU waits for is a wait for the slower rank):
@@ -89,9 +91,16 @@ def keep_gathered(model: nn.Module, compute_dtype: torch.dtype, device: torch.de
 
 def shard_model(model: nn.Module, dense_mesh: DeviceMesh, compute_dtype: torch.dtype,
                 expert_modules: Iterable[nn.Module] = (), expert_mesh: DeviceMesh | None = None,
-                reshard_after_forward: bool | None = None) -> dict[str, Any]:
+                reshard_after_forward: bool | None = None,
+                reduce_dtype: torch.dtype = torch.float32) -> dict[str, Any]:
     """Apply FSDP2 to ``model`` in place (see the module docstring). ``reshard_after_forward``:
-    None decides by :func:`keep_gathered`. Returns what was decided (for the job's report)."""
+    None decides by :func:`keep_gathered`. ``reduce_dtype``: what gradients are summed in across
+    ranks, float32 or (with a bfloat16 ``compute_dtype`` only) bfloat16; every ``fully_shard``
+    (experts, layers, root) gets it. Returns what was decided (for the job's report)."""
+    if reduce_dtype not in (torch.float32, torch.bfloat16) or (reduce_dtype != torch.float32
+                                                               and compute_dtype != torch.bfloat16):
+        raise ValueError(f"reduce_dtype {reduce_dtype} needs compute dtype torch.bfloat16 (got {compute_dtype}): "
+                         "bfloat16 gradient reduction is for a bfloat16 job; reduce in torch.float32")
     fully_shard, MixedPrecisionPolicy, FSDPModule = _fsdp()
     facts: dict[str, Any] = {}
     if reshard_after_forward is None:
@@ -100,7 +109,7 @@ def shard_model(model: nn.Module, dense_mesh: DeviceMesh, compute_dtype: torch.d
     facts["reshard_after_forward"] = reshard_after_forward
     if compute_dtype in (torch.bfloat16, torch.float16):
         model.to(torch.float32)  # the sharded master copy
-        mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+        mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=reduce_dtype)
     else:
         mp = MixedPrecisionPolicy()
     experts = list(expert_modules)

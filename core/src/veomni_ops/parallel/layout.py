@@ -46,7 +46,15 @@ FIELDS: Mapping[str, str] = {
     "sp": "Ulysses sequence-parallel degree: each rank holds 1/sp of every sequence",
     "ep": "expert-parallel degree: each rank owns 1/ep of the experts of every MoE layer",
     "timeout_s": "collective timeout in seconds: a rank that stops answering ends every rank after this",
+    "reduce_dtype": "dtype FSDP2 sums gradients in across ranks: float32 (default) or bfloat16 (a bfloat16 job only)",
 }
+
+#: the values of ``parallel.reduce_dtype`` (the first is the default)
+REDUCE_DTYPES = ("float32", "bfloat16")
+
+#: the note a job with ``reduce_dtype: bfloat16`` prints and records
+REDUCE_BF16_NOTE = ("gradients are summed across ranks in bfloat16 (half the reduce-scatter/all-reduce bytes); "
+                    "the rounding differs from a float32 reduction, so losses differ from a float32-reduce run")
 
 DEFAULT_TIMEOUT_S = 600.0
 
@@ -65,7 +73,10 @@ class ParallelConfigError(ConfigError):
 
 def _field_problem(name: str, value: Any) -> str | None:
     """What is wrong with ``value`` for the field ``name`` (None: nothing)."""
-    if name == "timeout_s":
+    if name == "reduce_dtype":
+        if value not in REDUCE_DTYPES:
+            return f"parallel.reduce_dtype must be one of {', '.join(REDUCE_DTYPES)}, got {value!r}"
+    elif name == "timeout_s":
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
             return f"parallel.timeout_s must be a number of seconds > 0, got {value!r}"
     elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -116,6 +127,7 @@ class ParallelLayout:
     ep: int = 1
     timeout_s: float = DEFAULT_TIMEOUT_S
     dp_replicate: int = 1
+    reduce_dtype: str = REDUCE_DTYPES[0]
 
     def __post_init__(self) -> None:
         problems = [p for name in FIELDS if (p := _field_problem(name, getattr(self, name)))]
@@ -228,7 +240,14 @@ class ParallelLayout:
 
     # -- printing ---------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "world_size": self.world_size}
+        """The layout's fields and world size; ``reduce_dtype`` (and its note) only where it is not
+        the default float32, so a default job's result JSON and checkpoint are as before."""
+        out = {**asdict(self), "world_size": self.world_size}
+        if self.reduce_dtype == REDUCE_DTYPES[0]:
+            del out["reduce_dtype"]
+        else:
+            out["reduce_note"] = REDUCE_BF16_NOTE
+        return out
 
     def describe(self) -> str:
         """Several lines: the layout, the groups and what is sharded how."""
@@ -241,6 +260,8 @@ class ParallelLayout:
                          f"(dp_shard x sp), replicated across the {self.dp_replicate} blocks, gradients summed")
         else:
             lines.append(f"  FSDP2: dense parameters sharded over all {w} ranks (dp_shard x sp), gradients summed")
+        if self.reduce_dtype != REDUCE_DTYPES[0]:
+            lines.append(f"  reduce_dtype: {self.reduce_dtype}: {REDUCE_BF16_NOTE}")
         if self.sp > 1:
             groups = " ".join(str(self.sp_group(r)) for r in range(0, w, self.sp))
             lines.append(f"  sp: Ulysses groups {groups}: each rank holds 1/{self.sp} of every sequence; attention "

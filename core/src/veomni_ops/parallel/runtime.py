@@ -262,7 +262,8 @@ class ParallelRuntime:
                                          "refuses them: moe_implementation, the dtype, compile mode)" if why else ""))
         if self.dense_mesh is None:
             raise RuntimeError("ParallelRuntime.parallelize needs the started runtime (start() or `with runtime:`)")
-        self.fsdp_facts = shard_model(model, self.dense_mesh, dtype, self._expert_modules, self.expert_mesh)
+        self.fsdp_facts = shard_model(model, self.dense_mesh, dtype, self._expert_modules, self.expert_mesh,
+                                      reduce_dtype=getattr(torch, self.layout.reduce_dtype))
         return model
 
     def materialize(self, model: nn.Module, reference: nn.Module | None) -> nn.Module:

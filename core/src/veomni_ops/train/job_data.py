@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .job_schema import _no_value, _unknown
+from .job_schema import DTYPES, _no_value, _unknown
 
 
 def _whole(value: Any) -> bool:
@@ -105,6 +105,13 @@ def _load_parallel(section: Any, train: dict[str, Any], problems: list[str]):
     problems += found
     # what the well-formed fields say is checked too, beside the section's own problems
     ranks = ParallelLayout(**{k: v for k, v in fields.items() if k in ("dp_replicate", "dp_shard", "sp")})
+    # bfloat16 gradient sums are for a bfloat16 job (float32 master shards, bfloat16 compute); a
+    # float32 job asked for float32 numbers, and its gradients would be rounded to bfloat16 to sum
+    dtype = train.get("dtype")
+    if fields.get("reduce_dtype", "float32") != "float32" and dtype in DTYPES and dtype != "bfloat16":
+        found.append(f"parallel.reduce_dtype bfloat16 is for a bfloat16 job, but train.dtype is {dtype}; "
+                     "set train.dtype: bfloat16 or remove parallel.reduce_dtype")
+        problems.append(found[-1])
     b = train["batch_size"]
     if isinstance(b, int) and not isinstance(b, bool) and b >= 1:
         try:

@@ -135,13 +135,16 @@ LAYOUT_KEYS = ("dp_replicate", "dp_shard", "sp", "ep")
 def layout_change(written: dict[str, Any] | None, here: dict[str, Any] | None) -> str | None:
     """The resume line's note where the checkpoint was written under another layout than this
     run's (``None``: one process; a key a checkpoint lacks, such as ``dp_replicate`` before it
-    existed, is 1): DCP reads it whatever the layout, and the losses then differ by rounding from
-    those of a run never stopped. None where the layouts are the same."""
-    def keys(layout: dict[str, Any] | None) -> dict[str, int]:
-        return {k: int((layout or {}).get(k, 1) or 1) for k in LAYOUT_KEYS}
+    existed, is 1, and a missing ``reduce_dtype`` is float32): DCP reads it whatever the layout,
+    and the losses then differ by rounding from those of a run never stopped. None where the
+    layouts are the same."""
+    def keys(layout: dict[str, Any] | None) -> dict[str, Any]:
+        out: dict[str, Any] = {k: int((layout or {}).get(k, 1) or 1) for k in LAYOUT_KEYS}
+        out["reduce_dtype"] = str((layout or {}).get("reduce_dtype") or "float32")
+        return out
 
     old, new = keys(written), keys(here)
     if old == new:
         return None
-    changed = ", ".join(f"{k} {old[k]} -> {new[k]}" for k in LAYOUT_KEYS if old[k] != new[k])
+    changed = ", ".join(f"{k} {old[k]} -> {new[k]}" for k in old if old[k] != new[k])
     return f"another layout than the checkpoint's ({changed}): the losses differ by rounding from a run never stopped"
