@@ -62,6 +62,12 @@ def test_layout_ranks_and_groups():
     text = lay.describe()
     assert "dp_shard 2 x sp 2" in text and "[0, 1] [2, 3]" in text and "FSDP2" in text
     assert ParallelLayout().is_trivial
+    chunked = ParallelLayout.from_dict({"dp_shard": 2, "ep": 2, "ep_chunks": 3})  # issue 36
+    assert chunked.ep_chunks == 3 and chunked.to_dict()["ep_chunks"] == 3 and lay.to_dict()["ep_chunks"] == 1
+    assert "the all-to-alls in 3 chunks, overlapping the experts" in chunked.describe()
+    assert "chunks" not in lay.describe()
+    with pytest.raises(ParallelConfigError, match=r"^parallel.ep_chunks 2 chunks .*drop ep_chunks$"):
+        ParallelLayout(dp_shard=2, ep_chunks=2)  # built directly: the same check, one line
 
 
 @pytest.mark.parametrize("data, words", [
@@ -71,6 +77,10 @@ def test_layout_ranks_and_groups():
     ({"dp_shard": 3, "ep": 2}, ["parallel.ep 2 must divide dp_shard x sp = 3 x 1 = 3"]),
     ({"timeout_s": -1}, ["timeout_s"]),
     ([2, 2], ["mapping"]),
+    ({"dp_shard": 2, "ep": 2, "ep_chunks": 0}, ["parallel.ep_chunks must be a whole number >= 1, got 0"]),
+    ({"dp_shard": 2, "ep": 2, "ep_chunks": 2.0}, ["parallel.ep_chunks must be a whole number >= 1, got 2.0"]),
+    ({"dp_shard": 2, "ep_chunks": 2}, ["parallel.ep_chunks 2 chunks the expert-parallel exchange, which ep 1 does not "
+                                       "have: set parallel.ep > 1 or drop ep_chunks"]),
 ])
 def test_layout_refuses_malformed(data, words):
     with pytest.raises(ParallelConfigError) as e:
@@ -361,6 +371,38 @@ def test_expert_wrapper_dispatches_and_keeps_the_sentinel(one_rank_group):
     assert even.veomni_ops_ep["stats"]["even_calls"] == 1
 
 
+@pytest.mark.parametrize("chunks", [2, 3, 4, 9])
+@pytest.mark.parametrize("even", [False, True])
+def test_expert_wrapper_in_chunks_matches_the_kernel(one_rank_group, chunks, even):
+    """ep_chunks (issue 36): the pipelined exchange, forward and backward, gives the plain kernel's
+    output and gradients (float64: float32 sums in another order differ by rounding); 7 tokens do not divide into 2, 3 or 4 chunks, and 9 chunks leave two empty."""
+    from veomni_ops.kernels.moe import moe_experts_eager
+    from veomni_ops.parallel.expert import expert_parallel
+
+    g = torch.Generator().manual_seed(1)
+    t, h, e, i, k = 7, 8, 4, 6, 2
+    leaves = [x.double() for x in (torch.randn(t, h, generator=g), torch.rand(t, k, generator=g),
+                                   torch.randn(e, 2 * i, h, generator=g), torch.randn(e, h, i, generator=g))]
+    idx = torch.randint(0, e, (t, k), generator=g)
+    idx[0, 1], idx[3] = -1, e
+    idx[idx == 3] = 2  # expert 3 gets no token
+    wrapped = expert_parallel(moe_experts_eager, one_rank_group, 1, "eager", even_tokens=(lambda: t) if even else None,
+                              chunks=chunks)
+    outs = []
+    for fn in (moe_experts_eager, wrapped):
+        xs = [x.clone().requires_grad_() for x in leaves]
+        y = fn(xs[0], idx, xs[1], xs[2], xs[3])
+        outs.append((y, *torch.autograd.grad(y.square().sum(), xs)))
+    for want, got in zip(*outs):
+        torch.testing.assert_close(got, want)
+    assert wrapped.veomni_ops_ep["chunks"] == chunks
+    assert wrapped.veomni_ops_ep["stats"]["even_calls"] == int(even)
+    xs = [x.clone().requires_grad_() for x in leaves]  # no token for any expert here: zero output, zero gradients
+    out = wrapped(xs[0], torch.full((t, k), -1), xs[1], xs[2], xs[3])
+    grads = torch.autograd.grad(out.sum(), xs)
+    assert not out.any() and all(x is not None and not x.any() for x in grads)
+
+
 @pytest.mark.parametrize("bad", [-2, 5, 4 + 7])
 def test_expert_wrapper_refuses_indices_outside_the_experts(one_rank_group, bad):
     """Only -1 and E route nowhere; any other index outside [0, E) is a routing bug, and the
@@ -457,6 +499,12 @@ WORLD2 = [
     # bfloat16: FSDP keeps float32 shards and computes in bfloat16 (one process: bfloat16 weights); the
     # plan takes grouped_mm for the experts, which runs under EP too
     _scenario("bf16_sp_ep_grouped_mm", "qwen3_moe", {"sp": 2, "ep": 2}, dtype="bfloat16", opt="adamw", steps=3),
+    # ep_chunks (issue 36): the exchange in overlapped chunks; 15 tokens a rank do not divide into 4
+    _scenario("fsdp_ep_moe_chunks2", "qwen3_moe", {"dp_shard": 2, "ep": 2, "ep_chunks": 2}),
+    _scenario("fsdp_ep_moe_chunks4_odd", "qwen3_moe", {"dp_shard": 2, "ep": 2, "ep_chunks": 4}, seq=15),
+    # counted, in chunks of 3, 3 and 2 tokens: rank 1 receives no token in any chunk
+    _scenario("sp_ep_skewed_odd_chunks3", "qwen3_moe", {"sp": 2, "ep": 2, "ep_chunks": 3}, seq=15,
+              route_to_first_half=True, ep_counted=True),
 ]
 WORLD4 = [
     _scenario("dp2_sp2_ep2_moe", "qwen3_moe", {"dp_shard": 2, "sp": 2, "ep": 2}),
@@ -522,11 +570,27 @@ def test_two_ranks_match_one_process(world2, sc):
     assert_same_as_one_process(sc, got)
     if sc["arch"] == "qwen3_moe":  # the runtime's batches take the even exchange unless told otherwise
         assert got["even_calls"] == ([0, 0] if sc.get("ep_counted") else [sc["steps"] * 2] * 2), got["even_calls"]
-    if sc["name"] == "sp_ep_skewed_odd":
+    if sc["name"].startswith("sp_ep_skewed_odd"):
         assert got["received_rows"][1] == 0 and got["received_rows"][0] > 0  # rank 1 received no token
         for name, g in got["grads"][0].items():
             if name.endswith("experts.gate_up_proj"):
                 assert g[4:].abs().max() == 0 and g[:4].abs().max() > 0  # experts with no token: zero gradient
+
+
+@pytest.mark.parallel
+@pytest.mark.parametrize("name, plain", [("fsdp_ep_moe_chunks2", "fsdp_ep_moe"),
+                                         ("sp_ep_skewed_odd_chunks3", "sp_ep_skewed_odd")])
+def test_ep_chunks_train_as_one_exchange(world2, name, plain):
+    """ep_chunks 2 or 3 against ep_chunks 1 of the same job: the losses, every step's gradients and
+    the final weights, to float32 rounding (the same rule as against one process)."""
+    got, want = world2[name], world2[plain]
+    assert got["received_rows"] == want["received_rows"] and got["even_calls"] == want["even_calls"]
+    for a, b in zip(got["losses"], want["losses"], strict=True):
+        assert abs(a - b) <= 1e-5 * max(1.0, abs(b)), (got["losses"], want["losses"])
+    for have_all, want_all in [*zip(got["grads"], want["grads"], strict=True), (got["params"], want["params"])]:
+        assert set(have_all) == set(want_all)
+        for n, w in want_all.items():
+            assert float((have_all[n] - w).abs().max()) <= 1e-5 * (float(w.abs().max()) or 1.0) + 1e-8, (name, n)
 
 
 @pytest.mark.parallel
