@@ -505,9 +505,14 @@ WORLD2 = [
     # counted, in chunks of 3, 3 and 2 tokens: rank 1 receives no token in any chunk
     _scenario("sp_ep_skewed_odd_chunks3", "qwen3_moe", {"sp": 2, "ep": 2, "ep_chunks": 3}, seq=15,
               route_to_first_half=True, ep_counted=True),
+    # decoder layers checkpointed: the recomputation runs the chunked exchange again inside the backward
+    _scenario("fsdp_ep_moe_chunks2_checkpointed", "qwen3_moe", {"dp_shard": 2, "ep": 2, "ep_chunks": 2},
+              checkpoint=True),
 ]
 WORLD4 = [
     _scenario("dp2_sp2_ep2_moe", "qwen3_moe", {"dp_shard": 2, "sp": 2, "ep": 2}),
+    # ep_chunks with the experts FSDP-sharded over 2 ranks (dp_shard x sp / ep = 2)
+    _scenario("dp2_sp2_ep2_moe_chunks2", "qwen3_moe", {"dp_shard": 2, "sp": 2, "ep": 2, "ep_chunks": 2}),
     _scenario("dp2_sp2_ep4_moe_eager_odd", "qwen3_moe", {"dp_shard": 2, "sp": 2, "ep": 4}, ops=EAGER_ATTN, batch=4,
               seq=13),
 ]
@@ -621,6 +626,12 @@ INIT_COMPILE = [
     # compile mode takes grouped_mm for the experts (bfloat16 only on the CPU; float32 is refused below)
     _scenario("compile_ep_moe_bf16", "qwen3_moe", {"dp_shard": 2, "ep": 2}, dtype="bfloat16", opt="adamw",
               compile=CPU_COMPILE_BACKEND),
+    # ep_chunks (issue 36) compiled: the chunked exchange stays out of the graph (dynamo-disabled),
+    # as the one-exchange path does; the same job eager beside it
+    _scenario("compile_ep_chunks_moe_bf16", "qwen3_moe", {"dp_shard": 2, "ep": 2, "ep_chunks": 2}, dtype="bfloat16",
+              opt="adamw", compile=CPU_COMPILE_BACKEND),
+    _scenario("eager_ep_chunks_moe_bf16", "qwen3_moe", {"dp_shard": 2, "ep": 2, "ep_chunks": 2}, dtype="bfloat16",
+              opt="adamw"),
     # sequence parallel MoE compiled: the router logits of each rank's half feed the global aux loss
     _scenario("compile_sp_moe_bf16", "qwen3_moe", {"sp": 2}, dtype="bfloat16", opt="adamw",
               compile=CPU_COMPILE_BACKEND, seq=15),
@@ -660,7 +671,8 @@ def test_meta_init_trains_as_the_normal_build(world2_init_compile):
 
 
 @pytest.mark.parallel
-@pytest.mark.parametrize("name", ["compile_dense", "compile_sp_dense", "compile_ep_moe_bf16", "compile_sp_moe_bf16"])
+@pytest.mark.parametrize("name", ["compile_dense", "compile_sp_dense", "compile_ep_moe_bf16", "compile_sp_moe_bf16",
+                                  "compile_ep_chunks_moe_bf16"])
 def test_compile_under_a_layout_matches_one_process(world2_init_compile, name):
     sc = INIT_COMPILE_BY_NAME[name]
     got = world2_init_compile[name]
@@ -671,11 +683,30 @@ def test_compile_under_a_layout_matches_one_process(world2_init_compile, name):
     if sc["arch"] == "qwen3":  # both layers share one graph: the Ulysses all-to-alls trace too
         assert got["graph_breaks"] == {} and got["graphs"] == 1, (got["graph_breaks"], got["graphs"])
     else:  # the expert-parallel exchange runs eagerly (dynamo-disabled: its splits are data); the router
-        # logits' capture is no break (compile_layers hands transformers' hooks their compile-time variable)
-        assert all("`disable`" in why for why in got["graph_breaks"]), got["graph_breaks"]
+        # logits' capture is no break (compile_layers hands transformers' hooks their compile-time variable);
+        # with ep_chunks the chunked exchange is ours, wrapped with `torch.compiler.disable` (issue 36)
+        assert all("disable`" in why for why in got["graph_breaks"]), got["graph_breaks"]
+        if sc["parallel"].get("ep_chunks", 1) > 1:
+            assert any("pipelined" in why for why in got["graph_breaks"]), got["graph_breaks"]
     # float32: the same gradients and weights as one eager process to 1e-5 relative (float32 sums
     # in another order: shards, all-to-alls, AOTAutograd's traced backward); bfloat16: its rule
     assert_same_as_one_process(sc, got)
+
+
+@pytest.mark.parallel
+def test_compiled_ep_chunks_match_eager_ep_chunks(world2_init_compile):
+    """ep_chunks 2 compiled (the chunked exchange eager between graphs) against the same job eager:
+    the experts' kernel is grouped_mm in both, the bfloat16 rule of :func:`assert_same_as_one_process`."""
+    comp, eager = world2_init_compile["compile_ep_chunks_moe_bf16"], world2_init_compile["eager_ep_chunks_moe_bf16"]
+    assert [{e["op"]: e["kernel"] for e in p["entries"]}["moe_experts"] for p in (comp["plan"], eager["plan"])] == \
+        ["grouped_mm", "grouped_mm"]
+    assert comp["even_calls"] == eager["even_calls"] == [4, 4]  # the chunked even exchange, 2 layers x 2 steps
+    for a, b in zip(comp["losses"], eager["losses"], strict=True):
+        assert abs(a - b) <= 2e-2 * max(1.0, abs(b)), (comp["losses"], eager["losses"])
+    for name, want in eager["grads"][0].items():
+        err = float((comp["grads"][0][name].double() - want.double()).norm())
+        assert err <= BF16_GRAD_TOL * float(want.double().norm()), name
+    assert_same_as_one_process(INIT_COMPILE_BY_NAME["eager_ep_chunks_moe_bf16"], eager)
 
 
 @pytest.mark.parallel

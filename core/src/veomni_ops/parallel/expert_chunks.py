@@ -20,7 +20,9 @@ The expert kernel is differentiated by autograd as usual: its forward runs with 
 the received chunk (detached leaves), and the backward calls ``torch.autograd.grad`` on that
 graph. Every rank runs every chunk's collectives, in the same order, whatever it holds (empty
 chunks included), and a rank that computes nothing still returns (zero) expert gradients, so
-FSDP's reductions stay aligned. Under ``torch.compile`` the whole exchange runs eagerly
+FSDP's reductions stay aligned. The kernel's graph keeps its tensors itself: under activation
+checkpointing (``train.gradient_checkpointing``) the experts' activations of a chunked call are
+kept, not recomputed (the rest of the layer is). Under ``torch.compile`` the whole exchange runs eagerly
 (``torch.compiler.disable``): its async work handles cannot be traced.
 """
 
@@ -98,6 +100,10 @@ def _wait(pending: tuple[torch.Tensor, Any]) -> torch.Tensor:
     return out
 
 
+def _keep(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
 class _Pipelined(torch.autograd.Function):
     @staticmethod
     def forward(ctx, kernel, group, plan, hidden, weights, gu, dn):  # type: ignore[override]
@@ -111,7 +117,9 @@ class _Pipelined(torch.autograd.Function):
             if r_h.shape[0]:
                 r_h.requires_grad_(hidden.requires_grad)
                 r_w.requires_grad_(weights.requires_grad)
-                with torch.enable_grad():
+                # the kernel's graph lives on the ctx; its tensors are kept as they are, not by an outer
+                # saved-tensor hook (activation checkpointing's would recompute this very forward to fill them)
+                with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(_keep, _keep):
                     y = kernel(r_h, r_idx, r_w, gu_, dn_)
                 graphs.append((y, r_h, r_w) if y.requires_grad else None)  # no route here: y is constant
             else:  # nothing reached this rank in this chunk: no kernel call
