@@ -371,6 +371,50 @@ def test_expert_wrapper_dispatches_and_keeps_the_sentinel(one_rank_group):
     assert even.veomni_ops_ep["stats"]["even_calls"] == 1
 
 
+def test_expert_chunks_issue_the_exchanges_before_they_are_needed(one_rank_group, monkeypatch):
+    """The pipeline's order (issue 36): every chunk's dispatch is issued (async) before the first
+    expert call, chunk i's combine before chunk i+1's experts run; in the backward every output
+    gradient goes out before the first expert backward, chunk i's input gradients before chunk i+1's."""
+    import torch.distributed as dist
+    from veomni_ops.kernels.moe import moe_experts_eager
+    from veomni_ops.parallel import expert_chunks
+
+    log: list[str] = []
+    real = dist.all_to_all_single
+
+    def a2a(*args, **kw):
+        log.append("a2a-async" if kw.get("async_op") else "a2a")
+        return real(*args, **kw)
+
+    def kernel(*args):
+        log.append("experts")
+        return moe_experts_eager(*args)
+
+    real_grad = torch.autograd.grad
+
+    def grad(*args, **kw):
+        log.append("experts-backward")
+        return real_grad(*args, **kw)
+
+    monkeypatch.setattr(expert_chunks.dist, "all_to_all_single", a2a)
+    g = torch.Generator().manual_seed(2)
+    t, h, e, i, k = 6, 8, 4, 6, 2
+    hidden = torch.randn(t, h, generator=g, requires_grad=True)
+    gu = torch.randn(e, 2 * i, h, generator=g, requires_grad=True)
+    dn = torch.randn(e, h, i, generator=g, requires_grad=True)
+    w = torch.rand(t, k, generator=g, requires_grad=True)
+    idx = torch.randint(0, e, (t, k), generator=g)
+    out = expert_chunks.pipelined(kernel, one_rank_group, 1, 3, True, 0, {}, hidden, idx, w, gu, dn)
+    # the 3 chunks' dispatches (indices, hidden, weights) at once, then per chunk its experts and its combine
+    assert log == ["a2a-async"] * 9 + ["experts", "a2a-async"] * 3, log
+    log.clear()
+    monkeypatch.setattr(torch.autograd, "grad", grad)
+    out.square().sum().backward()
+    # the 3 output gradients at once; per chunk the experts' backward, then its 2 sends (hidden, weights)
+    assert log == ["a2a-async"] * 3 + ["experts-backward", "a2a-async", "a2a-async"] * 3, log
+    assert hidden.grad is not None and gu.grad is not None and w.grad is not None
+
+
 @pytest.mark.parametrize("chunks", [2, 3, 4, 9])
 @pytest.mark.parametrize("even", [False, True])
 def test_expert_wrapper_in_chunks_matches_the_kernel(one_rank_group, chunks, even):
