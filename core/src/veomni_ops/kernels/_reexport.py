@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Callable
 from typing import Any
 
 
@@ -32,3 +33,9 @@ def names(module: str, kernel: str) -> list[str]:
     """What ``dir()`` of the re-exporting module ``module`` lists: its own names and the kernel
     module's ``__all__``."""
     return sorted({*vars(sys.modules[module]), *importlib.import_module(kernel).__all__})
+
+
+def lazy(module: str, kernel: str) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """The ``__getattr__`` and ``__dir__`` of the re-exporting module ``module`` for the kernel
+    module ``kernel``: ``__getattr__, __dir__ = lazy(__name__, "veomni_ops.ops.<op>.kernel")``."""
+    return (lambda name: resolve(module, kernel, name)), (lambda: names(module, kernel))

@@ -4,18 +4,6 @@ this module keeps the import path plugins use (``from veomni_ops.kernels.swiglu 
 Resolved on first use (:mod:`._reexport`), so that importing this module imports no kernel.
 """
 
-from __future__ import annotations
+from ._reexport import lazy
 
-from typing import Any
-
-from ._reexport import names, resolve
-
-_KERNEL = "veomni_ops.ops.swiglu.kernel"
-
-
-def __getattr__(name: str) -> Any:
-    return resolve(__name__, _KERNEL, name)
-
-
-def __dir__() -> list[str]:
-    return names(__name__, _KERNEL)
+__getattr__, __dir__ = lazy(__name__, "veomni_ops.ops.swiglu.kernel")
