@@ -62,6 +62,12 @@ def test_layout_ranks_and_groups():
     text = lay.describe()
     assert "dp_shard 2 x sp 2" in text and "[0, 1] [2, 3]" in text and "FSDP2" in text
     assert ParallelLayout().is_trivial
+    chunked = ParallelLayout.from_dict({"dp_shard": 2, "ep": 2, "ep_chunks": 3})  # issue 36
+    assert chunked.ep_chunks == 3 and chunked.to_dict()["ep_chunks"] == 3 and lay.to_dict()["ep_chunks"] == 1
+    assert "the all-to-alls in 3 chunks, overlapping the experts" in chunked.describe()
+    assert "chunks" not in lay.describe()
+    with pytest.raises(ParallelConfigError, match=r"^parallel.ep_chunks 2 chunks .*drop ep_chunks$"):
+        ParallelLayout(dp_shard=2, ep_chunks=2)  # built directly: the same check, one line
 
 
 @pytest.mark.parametrize("data, words", [
@@ -72,6 +78,10 @@ def test_layout_ranks_and_groups():
     ({"timeout_s": -1}, ["timeout_s"]),
     ({"dp_shard": 2, "reduce_dtype": "float16"}, ["parallel.reduce_dtype must be one of float32, bfloat16, got 'float16'"]),
     ([2, 2], ["mapping"]),
+    ({"dp_shard": 2, "ep": 2, "ep_chunks": 0}, ["parallel.ep_chunks must be a whole number >= 1, got 0"]),
+    ({"dp_shard": 2, "ep": 2, "ep_chunks": 2.0}, ["parallel.ep_chunks must be a whole number >= 1, got 2.0"]),
+    ({"dp_shard": 2, "ep_chunks": 2}, ["parallel.ep_chunks 2 chunks the expert-parallel exchange, which ep 1 does not "
+                                       "have: set parallel.ep > 1 or drop ep_chunks"]),
 ])
 def test_layout_refuses_malformed(data, words):
     with pytest.raises(ParallelConfigError) as e:
@@ -392,6 +402,82 @@ def test_expert_wrapper_dispatches_and_keeps_the_sentinel(one_rank_group):
     assert even.veomni_ops_ep["stats"]["even_calls"] == 1
 
 
+def test_expert_chunks_issue_the_exchanges_before_they_are_needed(one_rank_group, monkeypatch):
+    """The pipeline's order (issue 36): every chunk's dispatch is issued (async) before the first
+    expert call, chunk i's combine before chunk i+1's experts run; in the backward every output
+    gradient goes out before the first expert backward, chunk i's input gradients before chunk i+1's."""
+    import torch.distributed as dist
+    from veomni_ops.kernels.moe import moe_experts_eager
+    from veomni_ops.parallel import expert_chunks
+
+    log: list[str] = []
+    real = dist.all_to_all_single
+
+    def a2a(*args, **kw):
+        log.append("a2a-async" if kw.get("async_op") else "a2a")
+        return real(*args, **kw)
+
+    def kernel(*args):
+        log.append("experts")
+        return moe_experts_eager(*args)
+
+    real_grad = torch.autograd.grad
+
+    def grad(*args, **kw):
+        log.append("experts-backward")
+        return real_grad(*args, **kw)
+
+    monkeypatch.setattr(expert_chunks.dist, "all_to_all_single", a2a)
+    g = torch.Generator().manual_seed(2)
+    t, h, e, i, k = 6, 8, 4, 6, 2
+    hidden = torch.randn(t, h, generator=g, requires_grad=True)
+    gu = torch.randn(e, 2 * i, h, generator=g, requires_grad=True)
+    dn = torch.randn(e, h, i, generator=g, requires_grad=True)
+    w = torch.rand(t, k, generator=g, requires_grad=True)
+    idx = torch.randint(0, e, (t, k), generator=g)
+    out = expert_chunks.pipelined(kernel, one_rank_group, 1, 3, True, 0, {}, hidden, idx, w, gu, dn)
+    # the 3 chunks' dispatches (indices, hidden, weights) at once, then per chunk its experts and its combine
+    assert log == ["a2a-async"] * 9 + ["experts", "a2a-async"] * 3, log
+    log.clear()
+    monkeypatch.setattr(torch.autograd, "grad", grad)
+    out.square().sum().backward()
+    # the 3 output gradients at once; per chunk the experts' backward, then its 2 sends (hidden, weights)
+    assert log == ["a2a-async"] * 3 + ["experts-backward", "a2a-async", "a2a-async"] * 3, log
+    assert hidden.grad is not None and gu.grad is not None and w.grad is not None
+
+
+@pytest.mark.parametrize("chunks", [2, 3, 4, 9])
+@pytest.mark.parametrize("even", [False, True])
+def test_expert_wrapper_in_chunks_matches_the_kernel(one_rank_group, chunks, even):
+    """ep_chunks (issue 36): the pipelined exchange, forward and backward, gives the plain kernel's
+    output and gradients (float64: float32 sums in another order differ by rounding); 7 tokens do not divide into 2, 3 or 4 chunks, and 9 chunks leave two empty."""
+    from veomni_ops.kernels.moe import moe_experts_eager
+    from veomni_ops.parallel.expert import expert_parallel
+
+    g = torch.Generator().manual_seed(1)
+    t, h, e, i, k = 7, 8, 4, 6, 2
+    leaves = [x.double() for x in (torch.randn(t, h, generator=g), torch.rand(t, k, generator=g),
+                                   torch.randn(e, 2 * i, h, generator=g), torch.randn(e, h, i, generator=g))]
+    idx = torch.randint(0, e, (t, k), generator=g)
+    idx[0, 1], idx[3] = -1, e
+    idx[idx == 3] = 2  # expert 3 gets no token
+    wrapped = expert_parallel(moe_experts_eager, one_rank_group, 1, "eager", even_tokens=(lambda: t) if even else None,
+                              chunks=chunks)
+    outs = []
+    for fn in (moe_experts_eager, wrapped):
+        xs = [x.clone().requires_grad_() for x in leaves]
+        y = fn(xs[0], idx, xs[1], xs[2], xs[3])
+        outs.append((y, *torch.autograd.grad(y.square().sum(), xs)))
+    for want, got in zip(*outs):
+        torch.testing.assert_close(got, want)
+    assert wrapped.veomni_ops_ep["chunks"] == chunks
+    assert wrapped.veomni_ops_ep["stats"]["even_calls"] == int(even)
+    xs = [x.clone().requires_grad_() for x in leaves]  # no token for any expert here: zero output, zero gradients
+    out = wrapped(xs[0], torch.full((t, k), -1), xs[1], xs[2], xs[3])
+    grads = torch.autograd.grad(out.sum(), xs)
+    assert not out.any() and all(x is not None and not x.any() for x in grads)
+
+
 @pytest.mark.parametrize("bad", [-2, 5, 4 + 7])
 def test_expert_wrapper_refuses_indices_outside_the_experts(one_rank_group, bad):
     """Only -1 and E route nowhere; any other index outside [0, E) is a routing bug, and the
@@ -491,9 +577,20 @@ WORLD2 = [
     # parallel.reduce_dtype bfloat16 (issue 36): gradients summed in bfloat16, the experts' own fully_shard too
     _scenario("bf16_reduce_bf16", "qwen3_moe", {"dp_shard": 2, "ep": 2, "reduce_dtype": "bfloat16"},
               dtype="bfloat16", opt="adamw"),
+    # ep_chunks (issue 36): the exchange in overlapped chunks; 15 tokens a rank do not divide into 4
+    _scenario("fsdp_ep_moe_chunks2", "qwen3_moe", {"dp_shard": 2, "ep": 2, "ep_chunks": 2}),
+    _scenario("fsdp_ep_moe_chunks4_odd", "qwen3_moe", {"dp_shard": 2, "ep": 2, "ep_chunks": 4}, seq=15),
+    # counted, in chunks of 3, 3 and 2 tokens: rank 1 receives no token in any chunk
+    _scenario("sp_ep_skewed_odd_chunks3", "qwen3_moe", {"sp": 2, "ep": 2, "ep_chunks": 3}, seq=15,
+              route_to_first_half=True, ep_counted=True),
+    # decoder layers checkpointed: the recomputation runs the chunked exchange again inside the backward
+    _scenario("fsdp_ep_moe_chunks2_checkpointed", "qwen3_moe", {"dp_shard": 2, "ep": 2, "ep_chunks": 2},
+              checkpoint=True),
 ]
 WORLD4 = [
     _scenario("dp2_sp2_ep2_moe", "qwen3_moe", {"dp_shard": 2, "sp": 2, "ep": 2}),
+    # ep_chunks with the experts FSDP-sharded over 2 ranks (dp_shard x sp / ep = 2)
+    _scenario("dp2_sp2_ep2_moe_chunks2", "qwen3_moe", {"dp_shard": 2, "sp": 2, "ep": 2, "ep_chunks": 2}),
     _scenario("dp2_sp2_ep4_moe_eager_odd", "qwen3_moe", {"dp_shard": 2, "sp": 2, "ep": 4}, ops=EAGER_ATTN, batch=4,
               seq=13),
 ]
@@ -560,11 +657,27 @@ def test_two_ranks_match_one_process(world2, sc):
         want = f"torch.{sc['parallel'].get('reduce_dtype', 'float32')}"
         assert got["reduce_dtypes"] and set(got["reduce_dtypes"].values()) == {want}, got["reduce_dtypes"]
         assert any(".experts" in n for n in got["reduce_dtypes"]) and "" in got["reduce_dtypes"], got["reduce_dtypes"]
-    if sc["name"] == "sp_ep_skewed_odd":
+    if sc["name"].startswith("sp_ep_skewed_odd"):
         assert got["received_rows"][1] == 0 and got["received_rows"][0] > 0  # rank 1 received no token
         for name, g in got["grads"][0].items():
             if name.endswith("experts.gate_up_proj"):
                 assert g[4:].abs().max() == 0 and g[:4].abs().max() > 0  # experts with no token: zero gradient
+
+
+@pytest.mark.parallel
+@pytest.mark.parametrize("name, plain", [("fsdp_ep_moe_chunks2", "fsdp_ep_moe"),
+                                         ("sp_ep_skewed_odd_chunks3", "sp_ep_skewed_odd")])
+def test_ep_chunks_train_as_one_exchange(world2, name, plain):
+    """ep_chunks 2 or 3 against ep_chunks 1 of the same job: the losses, every step's gradients and
+    the final weights, to float32 rounding (the same rule as against one process)."""
+    got, want = world2[name], world2[plain]
+    assert got["received_rows"] == want["received_rows"] and got["even_calls"] == want["even_calls"]
+    for a, b in zip(got["losses"], want["losses"], strict=True):
+        assert abs(a - b) <= 1e-5 * max(1.0, abs(b)), (got["losses"], want["losses"])
+    for have_all, want_all in [*zip(got["grads"], want["grads"], strict=True), (got["params"], want["params"])]:
+        assert set(have_all) == set(want_all)
+        for n, w in want_all.items():
+            assert float((have_all[n] - w).abs().max()) <= 1e-5 * (float(w.abs().max()) or 1.0) + 1e-8, (name, n)
 
 
 @pytest.mark.parallel
@@ -595,6 +708,12 @@ INIT_COMPILE = [
     # compile mode takes grouped_mm for the experts (bfloat16 only on the CPU; float32 is refused below)
     _scenario("compile_ep_moe_bf16", "qwen3_moe", {"dp_shard": 2, "ep": 2}, dtype="bfloat16", opt="adamw",
               compile=CPU_COMPILE_BACKEND),
+    # ep_chunks (issue 36) compiled: the chunked exchange stays out of the graph (dynamo-disabled),
+    # as the one-exchange path does; the same job eager beside it
+    _scenario("compile_ep_chunks_moe_bf16", "qwen3_moe", {"dp_shard": 2, "ep": 2, "ep_chunks": 2}, dtype="bfloat16",
+              opt="adamw", compile=CPU_COMPILE_BACKEND),
+    _scenario("eager_ep_chunks_moe_bf16", "qwen3_moe", {"dp_shard": 2, "ep": 2, "ep_chunks": 2}, dtype="bfloat16",
+              opt="adamw"),
     # sequence parallel MoE compiled: the router logits of each rank's half feed the global aux loss
     _scenario("compile_sp_moe_bf16", "qwen3_moe", {"sp": 2}, dtype="bfloat16", opt="adamw",
               compile=CPU_COMPILE_BACKEND, seq=15),
@@ -634,7 +753,8 @@ def test_meta_init_trains_as_the_normal_build(world2_init_compile):
 
 
 @pytest.mark.parallel
-@pytest.mark.parametrize("name", ["compile_dense", "compile_sp_dense", "compile_ep_moe_bf16", "compile_sp_moe_bf16"])
+@pytest.mark.parametrize("name", ["compile_dense", "compile_sp_dense", "compile_ep_moe_bf16", "compile_sp_moe_bf16",
+                                  "compile_ep_chunks_moe_bf16"])
 def test_compile_under_a_layout_matches_one_process(world2_init_compile, name):
     sc = INIT_COMPILE_BY_NAME[name]
     got = world2_init_compile[name]
@@ -645,11 +765,30 @@ def test_compile_under_a_layout_matches_one_process(world2_init_compile, name):
     if sc["arch"] == "qwen3":  # both layers share one graph: the Ulysses all-to-alls trace too
         assert got["graph_breaks"] == {} and got["graphs"] == 1, (got["graph_breaks"], got["graphs"])
     else:  # the expert-parallel exchange runs eagerly (dynamo-disabled: its splits are data); the router
-        # logits' capture is no break (compile_layers hands transformers' hooks their compile-time variable)
-        assert all("`disable`" in why for why in got["graph_breaks"]), got["graph_breaks"]
+        # logits' capture is no break (compile_layers hands transformers' hooks their compile-time variable);
+        # with ep_chunks the chunked exchange is ours, wrapped with `torch.compiler.disable` (issue 36)
+        assert all("disable`" in why for why in got["graph_breaks"]), got["graph_breaks"]
+        if sc["parallel"].get("ep_chunks", 1) > 1:
+            assert any("pipelined" in why for why in got["graph_breaks"]), got["graph_breaks"]
     # float32: the same gradients and weights as one eager process to 1e-5 relative (float32 sums
     # in another order: shards, all-to-alls, AOTAutograd's traced backward); bfloat16: its rule
     assert_same_as_one_process(sc, got)
+
+
+@pytest.mark.parallel
+def test_compiled_ep_chunks_match_eager_ep_chunks(world2_init_compile):
+    """ep_chunks 2 compiled (the chunked exchange eager between graphs) against the same job eager:
+    the experts' kernel is grouped_mm in both, the bfloat16 rule of :func:`assert_same_as_one_process`."""
+    comp, eager = world2_init_compile["compile_ep_chunks_moe_bf16"], world2_init_compile["eager_ep_chunks_moe_bf16"]
+    assert [{e["op"]: e["kernel"] for e in p["entries"]}["moe_experts"] for p in (comp["plan"], eager["plan"])] == \
+        ["grouped_mm", "grouped_mm"]
+    assert comp["even_calls"] == eager["even_calls"] == [4, 4]  # the chunked even exchange, 2 layers x 2 steps
+    for a, b in zip(comp["losses"], eager["losses"], strict=True):
+        assert abs(a - b) <= 2e-2 * max(1.0, abs(b)), (comp["losses"], eager["losses"])
+    for name, want in eager["grads"][0].items():
+        err = float((comp["grads"][0][name].double() - want.double()).norm())
+        assert err <= BF16_GRAD_TOL * float(want.double().norm()), name
+    assert_same_as_one_process(INIT_COMPILE_BY_NAME["eager_ep_chunks_moe_bf16"], eager)
 
 
 @pytest.mark.parallel

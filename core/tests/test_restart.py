@@ -102,6 +102,10 @@ def test_hooks_and_resume_auto_say_what_they_do(tmp_path, monkeypatch, capsys):
     assert layout_change({"dp_shard": 2}, {"dp_shard": 2, "reduce_dtype": "float32"}) is None
     assert layout_change({"dp_shard": 2}, {"dp_shard": 2, "reduce_dtype": "bfloat16"}).startswith(
         "another layout than the checkpoint's (reduce_dtype float32 -> bfloat16)")
+    # ep_chunks too (issue 36): a checkpoint without the key was written with 1
+    assert layout_change({"dp_shard": 2, "ep": 2}, {"dp_shard": 2, "ep": 2, "ep_chunks": 1}) is None
+    assert layout_change({"dp_shard": 2, "ep": 2}, {"dp_shard": 2, "ep": 2, "ep_chunks": 4}).startswith(
+        "another layout than the checkpoint's (ep_chunks 1 -> 4)")
 
 
 @pytest.mark.parallel

@@ -83,6 +83,9 @@ def test_a_good_job_loads_and_numbers_written_without_a_dot_are_numbers(tmp_path
     ("model: {architecture: qwen3}\ntrain: {lr: .nan}\n", "train.lr must be a number > 0 (e.g. 1.0e-3), got nan"),
     ("model: {architecture: qwen3}\ntrain: {batch_size: 3}\nparallel: {dp_shard: 2}\n",
      "train.batch_size 3 is the global batch and parallel.dp_shard 2 must divide it"),
+    ("model: {architecture: qwen3}\ntrain: {batch_size: 2}\nparallel: {dp_shard: 2, ep_chunks: 2}\n",
+     "parallel.ep_chunks 2 chunks the expert-parallel exchange, which ep 1 does not have: set parallel.ep > 1 or "
+     "drop ep_chunks"),
     ("model: {architecture: qwen3}\ntrain: {init_device: cuda}\n",
      "train.init_device must be one of: device, meta, got 'cuda' (the model is built on train.device unless it is "
      "meta)"),
@@ -111,6 +114,10 @@ def test_every_parallel_problem_comes_with_the_others(tmp_path, nothing_built):
                              "data-parallel rank trains batch_size / dp_shard rows)")
     # compile with a layout is a job like any other (issue 23)
     assert load_job(write(tmp_path, text.replace("dp_shard: 3, sp: 0, tp: 2, timeout_s: -1", "dp_shard: 2")))
+    # ep_chunks (issue 36) is read and recorded in the layout like the other keys
+    job = load_job(write(tmp_path, text.replace("dp_shard: 3, sp: 0, tp: 2, timeout_s: -1",
+                                                 "dp_shard: 2, ep: 2, ep_chunks: 4")))
+    assert job["parallel"].ep_chunks == 4 and job["parallel"].to_dict()["ep_chunks"] == 4
 
 
 def test_every_data_problem_comes_with_the_others(tmp_path, nothing_built):

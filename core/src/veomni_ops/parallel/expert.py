@@ -51,6 +51,7 @@ from torch import nn
 
 from ..kernels.checks import NO_EXPERT, check_expert_index
 from .comm import all_gather, all_gather_nograd, all_to_all, all_to_all_nograd
+from .expert_chunks import pipelined
 
 
 def shard_experts(module: nn.Module, ep: int, rank: int) -> int:
@@ -69,13 +70,15 @@ def shard_experts(module: nn.Module, ep: int, rank: int) -> int:
 
 
 def expert_parallel(kernel: Callable[..., torch.Tensor], group: dist.ProcessGroup | None, ep: int, name: str = "",
-                    even_tokens: Callable[[], int | None] | None = None) -> Callable[..., torch.Tensor]:
+                    even_tokens: Callable[[], int | None] | None = None, chunks: int = 1) -> Callable[..., torch.Tensor]:
     """The plan's ``moe_experts`` kernel, run over an expert group of ``ep`` ranks.
 
     ``even_tokens()``: the number of tokens *every* rank of the group holds in this forward, when
     the caller knows it (the runtime does for batches from ``shard_batch``), else None. With it,
     a call whose ``hidden_states`` has that many rows takes the even exchange (no host sync);
-    otherwise the counted one (module docstring)."""
+    otherwise the counted one (module docstring). ``chunks > 1`` (``parallel.ep_chunks``): the
+    same exchange in that many chunks, the all-to-alls overlapping the experts
+    (:mod:`.expert_chunks`)."""
     rank = dist.get_rank(group)
     #: what this rank dispatched and received, in (token, rank) rows, over all calls (host ints: free)
     stats = {"calls": 0, "even_calls": 0, "sent_rows": 0, "sent_off_rank": 0, "received_rows": 0}
@@ -88,16 +91,22 @@ def expert_parallel(kernel: Callable[..., torch.Tensor], group: dist.ProcessGrou
         check_expert_index(top_k_index, e_loc * ep)
         stats["calls"] += 1
         n = even_tokens() if even_tokens is not None else None
-        if n is not None and 0 < n == t == hidden_states.shape[0]:
+        even = n is not None and 0 < n == t == hidden_states.shape[0]
+        if even:
             stats["even_calls"] += 1
             stats["sent_rows"] += ep * t
             stats["sent_off_rank"] += (ep - 1) * t
             stats["received_rows"] += ep * t
+        if chunks > 1:
+            return pipelined(kernel, group, ep, chunks, even, rank, stats, hidden_states, top_k_index, top_k_weights,
+                             gate_up_proj, down_proj)
+        if even:
             return _even(kernel, group, ep, hidden_states, top_k_index, top_k_weights, gate_up_proj, down_proj)
         return _counted(kernel, group, ep, rank, stats, hidden_states, top_k_index, top_k_weights, gate_up_proj,
                         down_proj)
 
-    ep_experts.veomni_ops_ep = {"ep": ep, "rank": rank, "name": name, "stats": stats}  # type: ignore[attr-defined]
+    ep_experts.veomni_ops_ep = {"ep": ep, "rank": rank, "name": name, "chunks": chunks,  # type: ignore[attr-defined]
+                                "stats": stats}
     return ep_experts
 
 

@@ -1,6 +1,6 @@
 """``ParallelLayout``: the ``parallel:`` section of a job, validated. Imports no torch.
 
-    parallel: {dp_replicate: 2, dp_shard: 2, sp: 2, ep: 2, timeout_s: 600}
+    parallel: {dp_replicate: 2, dp_shard: 2, sp: 2, ep: 2, ep_chunks: 1, timeout_s: 600}
 
 Ranks form a ``dp_shard x sp`` grid with ``sp`` innermost: rank ``= dp * sp + s`` (so the
 ranks of one sequence-parallel group are neighbours: on GPUs, one node's NVLink). Every
@@ -45,6 +45,8 @@ FIELDS: Mapping[str, str] = {
     "dp_replicate": "HSDP replica groups: the parameters are replicated across them, sharded within each (default 1)",
     "sp": "Ulysses sequence-parallel degree: each rank holds 1/sp of every sequence",
     "ep": "expert-parallel degree: each rank owns 1/ep of the experts of every MoE layer",
+    "ep_chunks": "split each rank's tokens into this many chunks so that the ep all-to-alls overlap the expert "
+                 "compute (default 1: one exchange; > 1 needs ep > 1)",
     "timeout_s": "collective timeout in seconds: a rank that stops answering ends every rank after this",
     "reduce_dtype": "dtype FSDP2 sums gradients in across ranks: float32 (default) or bfloat16 (a bfloat16 job only)",
 }
@@ -84,7 +86,10 @@ def _field_problem(name: str, value: Any) -> str | None:
     return None
 
 
-def _ep_problem(dp_shard: int, sp: int, ep: int) -> str | None:
+def _ep_problem(dp_shard: int, sp: int, ep: int, ep_chunks: int = 1) -> str | None:
+    if ep_chunks > 1 and ep <= 1:
+        return (f"parallel.ep_chunks {ep_chunks} chunks the expert-parallel exchange, which ep {ep} does not have: "
+                "set parallel.ep > 1 or drop ep_chunks")
     if (dp_shard * sp) % ep:
         return (f"parallel.ep {ep} must divide dp_shard x sp = {dp_shard} x {sp} = {dp_shard * sp}: "
                 "expert groups are blocks of ep ranks taken from the dp_shard x sp ranks")
@@ -111,8 +116,8 @@ def read_fields(data: Any, where: str = "parallel") -> tuple[dict[str, Any], lis
                 problems.append(problem)
             else:
                 fields[name] = data[name]
-    if all(name in fields or name not in data for name in ("dp_shard", "sp", "ep")):
-        ep = _ep_problem(fields.get("dp_shard", 1), fields.get("sp", 1), fields.get("ep", 1))
+    if all(name in fields or name not in data for name in ("dp_shard", "sp", "ep", "ep_chunks")):
+        ep = _ep_problem(fields.get("dp_shard", 1), fields.get("sp", 1), fields.get("ep", 1), fields.get("ep_chunks", 1))
         if ep:
             problems.append(ep)
     return fields, problems
@@ -128,12 +133,13 @@ class ParallelLayout:
     timeout_s: float = DEFAULT_TIMEOUT_S
     dp_replicate: int = 1
     reduce_dtype: str = REDUCE_DTYPES[0]
+    ep_chunks: int = 1
 
     def __post_init__(self) -> None:
         problems = [p for name in FIELDS if (p := _field_problem(name, getattr(self, name)))]
         if not problems:
             object.__setattr__(self, "timeout_s", float(self.timeout_s))
-            problems = [p for p in (_ep_problem(self.dp_shard, self.sp, self.ep),) if p]
+            problems = [p for p in (_ep_problem(self.dp_shard, self.sp, self.ep, self.ep_chunks),) if p]
         if problems:
             raise ParallelConfigError("; ".join(problems), problems)
 
@@ -271,5 +277,7 @@ class ParallelLayout:
             lines.append(f"  ep: expert groups {groups}: each rank owns 1/{self.ep} of the experts; tokens dispatched "
                          f"by all-to-all; expert parameters FSDP-sharded over the {self.shard_size // self.ep} rank(s) "
                          "owning the same experts" + (" in each block, replicated across the blocks"
-                                                      if self.dp_replicate > 1 else ""))
+                                                      if self.dp_replicate > 1 else "")
+                         + (f"; the all-to-alls in {self.ep_chunks} chunks, overlapping the experts"
+                            if self.ep_chunks > 1 else ""))
         return "\n".join(lines)

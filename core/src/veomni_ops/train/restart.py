@@ -128,8 +128,9 @@ class Progress:
         return facts
 
 
-#: the layout keys a checkpoint records (``veomni_ops.json``'s ``layout``) that place the shards
-LAYOUT_KEYS = ("dp_replicate", "dp_shard", "sp", "ep")
+#: the layout keys a checkpoint records (``veomni_ops.json``'s ``layout``) that place the shards, and
+#: ``ep_chunks`` (it places nothing, but a resume under another one sums in another order)
+LAYOUT_KEYS = ("dp_replicate", "dp_shard", "sp", "ep", "ep_chunks")
 
 
 def layout_change(written: dict[str, Any] | None, here: dict[str, Any] | None) -> str | None:

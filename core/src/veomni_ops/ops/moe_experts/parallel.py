@@ -18,4 +18,6 @@ def wrap(fn: Callable[..., Any], runtime: ParallelRuntime, kernel: str) -> tuple
     ep = runtime.layout.ep
     if ep <= 1:
         return None
-    return expert_parallel(fn, runtime.ep_group, ep, kernel, runtime.even_tokens), f"expert-parallel ep={ep}"
+    chunks = runtime.layout.ep_chunks
+    what = f"expert-parallel ep={ep}" + (f", {chunks} overlapped chunks" if chunks > 1 else "")
+    return expert_parallel(fn, runtime.ep_group, ep, kernel, runtime.even_tokens, chunks), what
