@@ -132,6 +132,21 @@ def test_the_bound_is_the_longest_the_loaders_lower_bound_fits(tmp_path, extra):
     assert memory_bound(job, 1000) is None  # not even 2 tokens (the embedding alone is bigger)
 
 
+@pytest.mark.parametrize("option, value, words", [
+    ("--steps", "0", "expected a whole number of steps >= 1, got '0'"),
+    ("--max-seq-steps", "x", "expected a whole number of steps >= 1, got 'x'"),
+    ("--max-seq-probes", "0", "expected a whole number of probes >= 1, got '0'"),
+    ("--max-seq-granularity", "-256", "expected a whole number of tokens >= 1, got '-256'"),
+    ("--seq-len", "1", "expected a whole number of tokens >= 2 (the loss predicts each next token), got '1'"),
+    ("--max-seq-upto", "1.5", "expected a whole number of tokens >= 2 (the loss predicts each next token)"),
+])
+def test_each_numeric_option_names_its_own_unit(tmp_path, capsys, option, value, words):
+    path = write(tmp_path, "{batch_size: 2, seq_len: 16, device: cpu}")
+    with pytest.raises(SystemExit):
+        main(["train", path, option, value])
+    assert f"argument {option}: {words}" in capsys.readouterr().err
+
+
 def test_seq_len_past_the_devices_memory_is_refused_as_the_loader_refuses(tmp_path, capsys):
     path = write(tmp_path, "{batch_size: 2, seq_len: 16, device: cpu}")
     assert main(["train", path, "--seq-len", str(2**38), "--json"]) == 1

@@ -134,6 +134,7 @@ import math
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 from .baselines import BASELINES, FSDP2_BASELINES, check_baseline, check_in_ranks, compile_apply
@@ -145,25 +146,22 @@ from .peers import run_in_ranks
 from .report import LOSS_TOL_FP32, LOSS_TOL_LOW_PRECISION, compare, finite_json, plot, print_report, report
 
 
-def _positive_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number of steps >= 1, got {text!r}")
-    return n
+def _whole_number(minimum: int, unit: str, why: str = "") -> Callable[[str], int]:
+    """An argparse type: a whole number of ``unit`` >= ``minimum`` (``why``: the reason for the
+    bound, said in the error)."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = minimum - 1
+        if n < minimum:
+            raise argparse.ArgumentTypeError(f"expected a whole number of {unit} >= {minimum}{why}, got {text!r}")
+        return n
+    return parse
 
 
-def _seq_len(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 2:
-        raise argparse.ArgumentTypeError(f"expected a whole number of tokens >= 2 (the loss predicts each next token), "
-                                         f"got {text!r}")
-    return n
+_steps = _whole_number(1, "steps")
+_seq_len = _whole_number(2, "tokens", " (the loss predicts each next token)")
 
 
 def _positive_float(text: str) -> float:
@@ -188,7 +186,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "first run| > TOL x max(|loss of the first run|, 1) at any step, or when any loss is not "
                         f"finite. Default {LOSS_TOL_FP32:g} when every run is float32, {LOSS_TOL_LOW_PRECISION:g} "
                         "when any run is bfloat16/float16")
-    p.add_argument("--steps", type=_positive_int, metavar="N", help="override train.steps (of every run)")
+    p.add_argument("--steps", type=_steps, metavar="N", help="override train.steps (of every run)")
     p.add_argument("--seed", type=int, help="override train.seed (of every run)")
     p.add_argument("--seq-len", type=_seq_len, metavar="N", help="override train.seq_len (of every run)")
     p.add_argument("--max-seq", action="store_true",
@@ -198,12 +196,12 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-seq-upto", type=_seq_len, metavar="N",
                    help="--max-seq probes no seq_len past N (default: the longest whose lower bound of a step's memory "
                         "fits the device)")
-    p.add_argument("--max-seq-probes", type=_positive_int, metavar="N", default=DEFAULT_PROBES,
+    p.add_argument("--max-seq-probes", type=_whole_number(1, "probes"), metavar="N", default=DEFAULT_PROBES,
                    help=f"--max-seq stops after N probes of each run (default {DEFAULT_PROBES})")
-    p.add_argument("--max-seq-granularity", type=_positive_int, metavar="N", default=DEFAULT_GRANULARITY,
+    p.add_argument("--max-seq-granularity", type=_whole_number(1, "tokens"), metavar="N", default=DEFAULT_GRANULARITY,
                    help="--max-seq bisects on multiples of N tokens (made a multiple of parallel.sp; default "
                         f"{DEFAULT_GRANULARITY})")
-    p.add_argument("--max-seq-steps", type=_positive_int, metavar="N", default=DEFAULT_STEPS,
+    p.add_argument("--max-seq-steps", type=_steps, metavar="N", default=DEFAULT_STEPS,
                    help=f"the steps of each --max-seq probe (default {DEFAULT_STEPS})")
     p.add_argument("--json", action="store_true", help="print the results as JSON on stdout (progress on stderr)")
     p.add_argument("--plot", metavar="PATH.png", help="draw every run's loss curve and tokens/s into a PNG "
