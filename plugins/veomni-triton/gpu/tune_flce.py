@@ -2,7 +2,7 @@
 
     python plugins/veomni-triton/gpu/tune_flce.py --tokens 8192 16384 32768 --json out.json
 
-Shapes: hidden 2560, vocabulary 151,936 (Qwen), bf16, forward + backward of the summed loss
+Shapes: hidden 2560 (``--hidden``), vocabulary 151,936 (Qwen), bf16, forward + backward of the summed loss
 (gradients for hidden and weight). Each row: median of ``--reps`` timed calls after
 ``--warmup`` (CUDA events around the call, so launch gaps count), and the peak memory beyond the
 inputs and their gradients (``max_memory_allocated`` during one call, minus the inputs and the
@@ -14,7 +14,9 @@ Inputs (``--logits``): ``peaked`` by default, the logits of the bench's ``flce-*
 (the logit of id v is -ln(v + 1) + N(0, 1), from a constant hidden feature whose weight column
 is -ln(v + 1): ``veomni_ops.testing.cases.cross_entropy.peaked_linear``); ``dense`` the former
 inputs (randn hidden states, a randn weight of scale 2/sqrt(H)), on which Cut Cross-Entropy can
-skip no gradient tile. This is the kernel-specific tuning sweep; `veomni-ops bench --preset
+skip no gradient tile. ``--errors T...``: instead of timing (or before it, with ``--tokens``), each
+implementation's loss, dH and dW against a float64 reference from the same bf16 inputs, beside
+eager's (Cut Cross-Entropy's filter drops the tiles it skips; this shows what that costs). This is the kernel-specific tuning sweep; `veomni-ops bench --preset
 flce-16k` is the project's benchmark of every usable kernel.
 """
 
@@ -27,7 +29,7 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-H, V = 2560, 151936
+H, V = 2560, 151936  # H: --hidden (2560 the bench presets'; 1024 the small step jobs', 2048 Qwen3-30B-A3B's)
 GiB = 2**30
 
 
@@ -64,7 +66,7 @@ def impls(chunks: list[int]) -> dict:
     out["core chunked"] = chunked_fused_linear_cross_entropy_sum
     from veomni_triton.kernels.cross_entropy import fused_linear_cross_entropy_sum
 
-    out["triton (default chunk)"] = fused_linear_cross_entropy_sum
+    out["triton (default chunk)"] = fused_linear_cross_entropy_sum  # VEOMNI_TRITON_FLCE_CHUNK_MIB, else the default
     for c in chunks:
         out[f"triton chunk {c}"] = lambda h, w, y, c=c: fused_linear_cross_entropy_sum(h, w, y, chunk_size=c)
     try:
@@ -163,7 +165,64 @@ def phases(chunk: int, reps: int = 10) -> None:
         print(f"  {name:30s} {ms:8.3f} ms  {rate}")
 
 
+def reference64(h: torch.Tensor, w: torch.Tensor, y: torch.Tensor, chunk: int = 2048):
+    """float64 loss, dH and dW of ``sum CE(h @ w.T, y)`` from the bf16 inputs, in token chunks."""
+    h64, w64 = h.detach().double(), w.detach().double()
+    loss = torch.zeros((), dtype=torch.float64, device=h.device)
+    dh, dw = torch.empty_like(h64), torch.zeros_like(w64)
+    for s in range(0, h.shape[0], chunk):
+        z = h64[s:s + chunk] @ w64.t()
+        yc = y[s:s + chunk]
+        keep = yc != -100
+        loss += torch.nn.functional.cross_entropy(z, yc, reduction="sum")
+        g = z.softmax(-1)
+        del z
+        rows = torch.nonzero(keep).squeeze(1)
+        g[rows, yc[rows]] -= 1.0
+        g[~keep] = 0.0
+        dh[s:s + chunk] = g @ w64
+        dw += g.t() @ h64[s:s + chunk]
+        del g
+    return loss, dh, dw
+
+
+def errors(tokens: int, chunks: list[int], logits: str, only: list[str] | None) -> list[dict]:
+    """Each implementation's loss, dH and dW against float64 (the same bf16 inputs), beside eager's:
+    the relative norm of the difference and its largest entry over the reference's largest."""
+    h, w = inputs(tokens, logits)
+    y = torch.randint(0, V, (tokens,), device="cuda")
+    y[::7] = -100
+    ref_loss, ref_dh, ref_dw = reference64(h, w, y)
+    print(f"\nerrors against float64, {tokens} tokens, H {H}, V {V}, {logits} logits "
+          f"(norm: |a - ref| / |ref|; max: max|a - ref| / max|ref|)")
+    out = []
+    for name, fn in impls(chunks).items():
+        if only and not any(s_ in name for s_ in only):
+            continue
+        h.grad = w.grad = None
+        try:
+            loss = fn(h, w, y)
+            loss.backward()
+        except Exception as e:  # a peer that fails is a row that says so
+            out.append({"name": name, "tokens": tokens, "error": f"{type(e).__name__}: {str(e)[:200]}"})
+            print(f"  {name:26s} {out[-1]['error']}")
+            continue
+        r: dict = {"name": name, "tokens": tokens,
+                   "loss_rel": float(abs(float(loss.detach()) - float(ref_loss)) / abs(float(ref_loss)))}
+        for what, got, ref in (("dH", h.grad, ref_dh), ("dW", w.grad, ref_dw)):
+            d = got.double() - ref
+            r[f"{what}_norm"] = float(d.norm() / ref.norm())
+            r[f"{what}_max"] = float(d.abs().max() / ref.abs().max())
+            del d
+        print(f"  {name:26s} loss {r['loss_rel']:.2e}  dH norm {r['dH_norm']:.2e} max {r['dH_max']:.2e}  "
+              f"dW norm {r['dW_norm']:.2e} max {r['dW_max']:.2e}")
+        out.append(r)
+    h.grad = w.grad = None
+    return out
+
+
 def main() -> None:
+    global H
     p = argparse.ArgumentParser()
     p.add_argument("--tokens", type=int, nargs="*", default=[8192, 16384, 32768])
     p.add_argument("--chunks", type=int, nargs="*", default=[1024, 2048, 4096, 8192])
@@ -174,7 +233,18 @@ def main() -> None:
     p.add_argument("--phases", type=int, nargs="*", default=[], help="time each step of one chunk of N tokens")
     p.add_argument("--logits", choices=("peaked", "dense"), default="peaked",
                    help="how the inputs' logits are distributed (see the module docstring)")
+    p.add_argument("--hidden", type=int, default=H, help="hidden size H (vocabulary: Qwen's 151,936)")
+    p.add_argument("--errors", type=int, nargs="*", default=[],
+                   help="token counts at which to measure each implementation's error against float64 (no timing)")
     a = p.parse_args()
+    H = a.hidden
+    err_rows = [r for t in a.errors for r in errors(t, a.chunks, a.logits, a.only)]
+    if a.errors and not a.tokens:
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "H": H, "V": V,
+                           "dtype": "bfloat16", "logits": a.logits, "errors": err_rows}, f, indent=1)
+        return
     for c in a.phases:
         phases(c)
     if a.phases and not a.tokens:
@@ -207,7 +277,8 @@ def main() -> None:
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "ceiling_tflops": ceiling,
-                       "H": H, "V": V, "dtype": "bfloat16", "logits": a.logits, "rows": rows}, f, indent=1)
+                       "H": H, "V": V, "dtype": "bfloat16", "logits": a.logits, "rows": rows,
+                       "errors": err_rows}, f, indent=1)
 
 
 if __name__ == "__main__":

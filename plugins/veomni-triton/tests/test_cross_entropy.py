@@ -79,6 +79,33 @@ def test_default_chunking_single_and_many(device):
     check(hidden, weight, b, labels, what="default chunk")
 
 
+def test_chunk_budget_from_the_environment(device, monkeypatch):
+    from veomni_triton import memory
+
+    monkeypatch.delenv(memory.CHUNK_ENV, raising=False)
+    assert memory.chunk_budget() == K.CHUNK_LOGITS_BYTES
+    monkeypatch.setenv(memory.CHUNK_ENV, "640")
+    assert memory.chunk_budget() == 640 << 20
+    # 8,192 tokens of a 151,936 vocabulary in bf16: 640 MiB holds 2,208 rows, so four chunks of 2,048
+    assert K.chunk_tokens(8192, 151936, 2) == 2048
+    shapes = dict(tokens=8192, hidden=1024, vocab=151936, itemsize=2)
+    small = memory.fused_linear_extra(shapes)  # the spec's figure follows the same budget
+    monkeypatch.delenv(memory.CHUNK_ENV)
+    assert small < memory.fused_linear_extra(shapes)
+    # the kernel reads the budget per call: a tiny one gives many chunks, the same result
+    monkeypatch.setenv(memory.CHUNK_ENV, "1")
+    hidden, weight, b, labels = make(600, 16, 1000, device, torch.float32)
+    assert K.chunk_tokens(600, 1000, 4) == K.CHUNK_QUANTUM  # 1 MiB holds 262 rows: chunks of 256
+    chunks, forward = [], K._forward
+    monkeypatch.setattr(K, "_forward", lambda *a: chunks.append(a[5]) or forward(*a))
+    check(hidden, weight, b, labels, what="budget from the environment")
+    assert chunks == [K.CHUNK_QUANTUM]
+    for bad in ("0", "-3", "1.5", "lots"):
+        monkeypatch.setenv(memory.CHUNK_ENV, bad)
+        with pytest.raises(ValueError, match=f"{memory.CHUNK_ENV}=.*whole number of MiB"):
+            fused_linear_cross_entropy_sum(hidden, weight, labels)
+
+
 def test_every_label_ignored_gives_zero_loss_and_zero_grads(device):
     hidden, weight, b, labels = make(9, 16, 20, device, torch.float32, bias=True, frac_ignored=1.0)
     loss = fused_linear_cross_entropy_sum(hidden, weight, labels, bias=b, chunk_size=4)

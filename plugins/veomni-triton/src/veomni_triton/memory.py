@@ -8,6 +8,7 @@ imports this one, so it stays light.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 
 from veomni_ops.ops.cross_entropy.memory import fused_linear_shapes, returned_grads
@@ -20,12 +21,34 @@ from veomni_ops.ops.cross_entropy.memory import fused_linear_shapes, returned_gr
 CHUNK_LOGITS_BYTES = 5 << 29
 #: Chunks are multiples of this many tokens (GEMM tiles), and never smaller.
 CHUNK_QUANTUM = 256
+#: The environment variable that replaces :data:`CHUNK_LOGITS_BYTES` (in MiB, a whole number >= 1):
+#: a smaller budget trades the loss's peak memory for more, smaller GEMMs and a float32 dW
+#: accumulator (benchmarks/gpu/README.md, "The fused loss's chunk budget", has the measured trade).
+CHUNK_ENV = "VEOMNI_TRITON_FLCE_CHUNK_MIB"
 
 
-def chunk_tokens(num_tokens: int, vocab_size: int, element_size: int, budget: int = CHUNK_LOGITS_BYTES) -> int:
-    """Tokens per chunk: the fewest chunks whose logits fit ``budget`` bytes each, of equal size
-    rounded up to a multiple of :data:`CHUNK_QUANTUM` (so no small tail chunk), at least one
-    quantum, never more than ``num_tokens``."""
+def chunk_budget() -> int:
+    """The chunk logits budget in bytes: :data:`CHUNK_ENV` when set, else :data:`CHUNK_LOGITS_BYTES`.
+    A value that is not a whole number of MiB >= 1 is a ``ValueError`` naming the variable."""
+    raw = os.environ.get(CHUNK_ENV)
+    if raw is None or raw.strip() == "":
+        return CHUNK_LOGITS_BYTES
+    try:
+        mib = int(raw.strip())
+    except ValueError:
+        mib = 0
+    if mib < 1:
+        raise ValueError(f"{CHUNK_ENV}={raw!r}: the fused loss's chunk budget must be a whole number of MiB >= 1 "
+                         f"(e.g. {CHUNK_ENV}=640); unset it for the default ({CHUNK_LOGITS_BYTES >> 20} MiB)")
+    return mib << 20
+
+
+def chunk_tokens(num_tokens: int, vocab_size: int, element_size: int, budget: int | None = None) -> int:
+    """Tokens per chunk: the fewest chunks whose logits fit ``budget`` bytes each (default
+    :func:`chunk_budget`), of equal size rounded up to a multiple of :data:`CHUNK_QUANTUM` (so no
+    small tail chunk), at least one quantum, never more than ``num_tokens``."""
+    if budget is None:
+        budget = chunk_budget()
     fit = max(CHUNK_QUANTUM, budget // max(1, vocab_size * element_size) // CHUNK_QUANTUM * CHUNK_QUANTUM)
     chunks = -(-num_tokens // fit)
     even = -(-num_tokens // max(1, chunks))
