@@ -15,6 +15,8 @@
 #   prof:NAME        benchmarks/gpu/par_profile.py examples/NAME.yaml (timed steps, then 3 profiled: where the
 #                    step's time goes, e.g. a train.compile job beside transformers + compile)
 #   moe              veomni-ops bench --preset moe-30b-a3b --op moe_experts (the experts goal, <= 4.5 ms fwd+bwd)
+#   mem:NAME         benchmarks/gpu/step_memory.py examples/NAME.yaml: what is allocated at the peak of a recorded step,
+#                    ours beside transformers+compile (3 warm-up steps, MEM_TIMEOUT s a run, default 90)
 # A step is skipped once fewer than 60 s are left of DEADLINE (epoch seconds; default now + 540).
 # STEPS (default 30): training steps of each train run.
 set -u
@@ -54,6 +56,9 @@ for s in "$@"; do
         --compare "examples/$n.yaml" --json > "$RES/lockstep-$n.json" 2> "$RES/lockstep-$n.log"; tail -12 "$RES/lockstep-$n.log";;
     prof:*) timeout $((left - 5)) python3 benchmarks/gpu/par_profile.py "examples/$n.yaml" --steps 14 --out "$RES" \
         > "$RES/prof-$n.log" 2>&1; grep "tok/s |" "$RES/prof-$n.log" || tail -5 "$RES/prof-$n.log";;
+    mem:*) mt=${MEM_TIMEOUT:-90}; [ $((2 * mt + 30)) -gt $left ] && mt=$(( (left - 30) / 2 ))
+      timeout $((left - 5)) python3 benchmarks/gpu/step_memory.py "examples/$n.yaml" --out "$RES/mem-$n" --warmup 3 \
+        --timeout "$mt" --json "$RES/mem-$n.json" > "$RES/mem-$n.log" 2>&1; grep -E "^$n |^\| " "$RES/mem-$n.log" | head -60;;
     moe) timeout $((left - 5)) $V bench --preset moe-30b-a3b --op moe_experts --quiet --json "$RES/bench-moe.json" \
         > "$RES/bench-moe.out" 2> "$RES/bench-moe.log"; grep -E "fwd\+bwd" "$RES/bench-moe.out" | head;;
     *) echo "unknown step $s";;

@@ -180,10 +180,11 @@ def is_parallel(job: dict[str, Any]) -> bool:
                                                       and not job["parallel"].is_trivial)
 
 
-def train_one(job: dict[str, Any], out=sys.stderr, baseline: str | None = None) -> dict[str, Any]:
+def train_one(job: dict[str, Any], out=sys.stderr, baseline: str | None = None, before_step=None) -> dict[str, Any]:
+    """One run of ``job`` (``before_step(n)``, if given, is called before step n of a one-process run)."""
     if baseline is None and is_parallel(job):
         return _train_parallel(job, out)
-    return _train(job, out, baseline)
+    return _train(job, out, baseline, before_step=before_step)
 
 
 def check_layout(job: dict[str, Any]):
@@ -219,7 +220,7 @@ def train_on_rank(job: dict[str, Any], out, baseline: str | None, rt) -> dict[st
     return _train(job, out, baseline, rt)
 
 
-def _train(job: dict[str, Any], out, baseline: str | None = None, rt=None) -> dict[str, Any]:
+def _train(job: dict[str, Any], out, baseline: str | None = None, rt=None, before_step=None) -> dict[str, Any]:
     """:func:`_run` at the run's intra-op thread count (:func:`run_threads`); this process's
     count is restored after it."""
     import torch
@@ -234,7 +235,7 @@ def _train(job: dict[str, Any], out, baseline: str | None = None, rt=None) -> di
     before = torch.get_num_threads()
     torch.set_num_threads(run_threads(job["train"], source, out))
     try:
-        return _run(job, out, baseline, rt, source)
+        return _run(job, out, baseline, rt, source, before_step)
     finally:
         torch.set_num_threads(before)
 
@@ -262,9 +263,9 @@ def run_threads(train: dict[str, Any], source: str | None, out) -> int:
     return here
 
 
-def _run(job: dict[str, Any], out, baseline: str | None, rt, source: str | None) -> dict[str, Any]:
+def _run(job: dict[str, Any], out, baseline: str | None, rt, source: str | None, before_step=None) -> dict[str, Any]:
     """One run of ``job`` on this rank (of ``rt``; None: one process), from the checkpoint
-    ``source`` where it resumes."""
+    ``source`` where it resumes; ``before_step(n)`` before step n (benchmarks/gpu/step_memory.py)."""
     import torch
 
     t = job["train"]
@@ -301,6 +302,8 @@ def _run(job: dict[str, Any], out, baseline: str | None, rt, source: str | None)
         if i == start and (line := describe(job, batch, i + 1)):
             print(line, file=out, flush=True)
         fault_hooks(i + 1, me)
+        if before_step is not None:
+            before_step(i + 1)
         packed.add(batch)
         t0 = time.perf_counter()
         outp = model(**step_inputs(batch, rt, baseline))
