@@ -146,3 +146,23 @@ def test_the_kernel_trusts_the_check_only_for_its_shape_and_inside_it():
             assert K._UNPACKED_SHAPE is None
         assert K._UNPACKED_SHAPE == (1, 8)
     assert K._UNPACKED_SHAPE is None
+
+
+def test_compile_layers_passes_its_mode_and_only_a_chosen_one(monkeypatch):
+    """train.compile_mode reaches torch.compile for every layer (``reduce-overhead``: CUDA graphs);
+    the default passes no mode at all, so a non-inductor backend keeps working."""
+    seen: list[dict] = []
+    real = torch.compile
+
+    def spy(fn, **kw):
+        seen.append(kw)
+        return real(fn, backend=PROBE)
+
+    monkeypatch.setattr(torch, "compile", spy)
+    model = _tiny_bound()
+    facts = veomni_ops.compile_layers(model, "inductor", mode="reduce-overhead")
+    assert facts["mode"] == "reduce-overhead" and facts["layers"] == 2
+    assert [k.get("mode") for k in seen] == ["reduce-overhead"] * 2 and all(k["backend"] == "inductor" for k in seen)
+    seen.clear()
+    facts = veomni_ops.compile_layers(_tiny_bound(), PROBE)
+    assert facts["mode"] == "default" and len(seen) == 2 and not any("mode" in k for k in seen)

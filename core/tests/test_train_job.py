@@ -93,6 +93,15 @@ def test_a_good_job_loads_and_numbers_written_without_a_dot_are_numbers(tmp_path
      "train.compile_backend '': write the name of a torch.compile backend"),
     ("model: {architecture: qwen3}\ntrain: {compile: true, compile_backend: aot_eagr}\n",
      "train.compile_backend 'aot_eagr': torch "),
+    ("model: {architecture: qwen3}\ntrain: {compile: true, compile_mode: reduce_overhead}\n",
+     "train.compile_mode 'reduce_overhead': did you mean reduce-overhead? write one of: default, reduce-overhead, "
+     "max-autotune, max-autotune-no-cudagraphs"),
+    ("model: {architecture: qwen3}\ntrain: {compile: true, compile_backend: aot_eager, compile_mode: reduce-overhead}\n",
+     "train.compile_mode 'reduce-overhead': a mode is the inductor backend's; train.compile_backend is 'aot_eager': "
+     "set it to inductor, or remove train.compile_mode"),
+    ("model: {architecture: qwen3}\ntrain: {batch_size: 2, compile: true, compile_mode: reduce-overhead}\n"
+     "parallel: {dp_shard: 2}\n",
+     "train.compile_mode 'reduce-overhead' is for a job of one process; this layout has 2 ranks"),
 ])
 def test_each_mistake_is_named(tmp_path, text, problem, nothing_built):
     with pytest.raises(TrainConfigError) as e:
@@ -186,6 +195,9 @@ def test_a_data_section_is_kept_and_without_one_nothing_changes(tmp_path, nothin
 def test_compile_backend_and_init_device(tmp_path, nothing_built):
     job = load_job(write(tmp_path, GOOD))["train"]
     assert job["compile_backend"] == "inductor" and job["init_device"] == "device"
+    assert job["compile_mode"] == "default"
+    text = GOOD.replace("seed: 0}", "seed: 0, compile: true, compile_mode: reduce-overhead}")
+    assert load_job(write(tmp_path, text))["train"]["compile_mode"] == "reduce-overhead"
     text = GOOD.replace("seed: 0}", "seed: 0, compile: true, compile_backend: aot_eager, init_device: meta}")
     job = load_job(write(tmp_path, text))["train"]
     assert job["compile_backend"] == "aot_eager" and job["init_device"] == "meta"

@@ -153,7 +153,8 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def compile_layers(model: nn.Module, backend: str = "inductor", fullgraph: bool = False) -> dict[str, Any]:
+def compile_layers(model: nn.Module, backend: str = "inductor", fullgraph: bool = False,
+                   mode: str = "default") -> dict[str, Any]:
     """``torch.compile`` every decoder layer's ``forward`` in place (after FSDP2 sharded it, under
     a layout; or a model of one process). ``veomni_ops.compile_layers`` is this function.
 
@@ -177,19 +178,22 @@ def compile_layers(model: nn.Module, backend: str = "inductor", fullgraph: bool 
     final norm and the head stay eager. ``fullgraph=False``: a place dynamo cannot trace
     (transformers' router-logit capture in MoE layers) runs eagerly between graphs instead of
     failing; transformers' capture of router logits and attentions is no such place
-    (:func:`_captured_outputs_as_global`). Returns what was compiled (for the job's report)."""
+    (:func:`_captured_outputs_as_global`). ``mode``: torch.compile's (``default``: none passed;
+    ``reduce-overhead`` records each layer's forward and backward as CUDA graphs, on CUDA, where
+    its shapes are static). Returns what was compiled (for the job's report)."""
     layers = decoder_layers(model)
     if not layers:
         raise ValueError(f"{type(model).__name__} has no decoder layers to compile (none of its modules is one of "
                          "its _no_split_modules or a *DecoderLayer)")
     collector = _output_collector()
     for layer in layers:
-        compiled = torch.compile(layer.forward, backend=backend, fullgraph=fullgraph)
+        kw = {} if mode == "default" else {"mode": mode}
+        compiled = torch.compile(layer.forward, backend=backend, fullgraph=fullgraph, **kw)
         cast(Any, layer).forward = _positions_checked(_captured_outputs_as_global(compiled, collector))
     kinds = sorted({type(m).__name__.removeprefix("FSDP") for m in layers})
     sharded = any(type(m).__name__.startswith("FSDP") for m in layers)
     return {"what": "decoder layers", "layers": len(layers), "classes": kinds, "backend": backend,
-            "fullgraph": fullgraph, "eager": "embedding, attention mask, final norm, head and loss"
+            "fullgraph": fullgraph, "mode": mode, "eager": "embedding, attention mask, final norm, head and loss"
             + ("; FSDP2's hooks" if sharded else "")}
 
 

@@ -11,6 +11,7 @@ binds it, and trains N steps of AdamW on synthetic token data.
       ops_implementation: {rms_norm_implementation: auto, ...}
     train: {batch_size: 4, seq_len: 128, steps: 20, lr: 1.0e-3, dtype: float32, device: auto, seed: 0,
             threads: auto, compile: false, compile_backend: inductor, init_device: device,
+            compile_mode: default,       # reduce-overhead: each compiled layer as CUDA graphs (one process)
             checkpoint_dir: ckpt, checkpoint_every: 100, resume: false,   # optional: sharded checkpoints
             gradient_checkpointing: false}   # true: each decoder layer recomputed in the backward
     data: {packing: true, doc_len: {mean: 512, min: 16, max: 2048, sigma: 1.0}}   # optional: packed documents

@@ -112,6 +112,11 @@ def _load_parallel(section: Any, train: dict[str, Any], problems: list[str]):
         found.append(f"parallel.reduce_dtype bfloat16 is for a bfloat16 job, but train.dtype is {dtype}; "
                      "set train.dtype: bfloat16 or remove parallel.reduce_dtype")
         problems.append(found[-1])
+    # CUDA graphs (reduce-overhead) around FSDP2's per-step all-gathers are not measured: one process only
+    if train.get("compile_mode", "default") != "default" and ranks.world_size > 1:
+        problems.append(f"train.compile_mode {train['compile_mode']!r} is for a job of one process; this layout has "
+                        f"{ranks.world_size} ranks: remove train.compile_mode (torch.compile's default) or the "
+                        "parallel section")
     b = train["batch_size"]
     if isinstance(b, int) and not isinstance(b, bool) and b >= 1:
         try:

@@ -31,9 +31,14 @@ SIZES: dict[str, dict[str, Any]] = {
 
 TRAIN_DEFAULTS: dict[str, Any] = dict(batch_size=4, seq_len=128, steps=20, lr=1e-3, dtype="float32",
                                       device="auto", seed=0, threads="auto", compile=False,
-                                      compile_backend="inductor", init_device="device",
+                                      compile_backend="inductor", compile_mode="default", init_device="device",
                                       checkpoint_dir=None, checkpoint_every=0, resume=False,
                                       gradient_checkpointing=False)
+
+
+#: torch.compile's modes that train.compile_mode takes (inductor's; ``default`` is torch.compile's own
+#: default). ``reduce-overhead`` records each compiled layer's forward and backward as CUDA graphs.
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 #: The train fields that are true or false (null, ``compile:`` with no value, is refused as every field's is).

@@ -11,6 +11,7 @@ from typing import Any
 
 from .errors import TrainConfigError
 from .job_schema import (
+    COMPILE_MODES,
     DTYPE_ALIASES,
     DTYPES,
     INIT_DEVICES,
@@ -51,6 +52,9 @@ def _load_train(section: Any, problems: list[str], here: bool) -> dict[str, Any]
     reason = compile_backend_problem(train["compile_backend"], here and train["compile"] is True)
     if reason:
         problems.append(f"train.compile_backend {train['compile_backend']!r}: {reason}")
+    reason = compile_mode_problem(train["compile_mode"], train["compile_backend"])
+    if reason:
+        problems.append(f"train.compile_mode {train['compile_mode']!r}: {reason}")
     if train["init_device"] not in INIT_DEVICES:
         hint = (" (the model is built on train.device unless it is meta)"
                 if str(train["init_device"]).split(":")[0] in TRAIN_DEVICES else "")
@@ -150,6 +154,19 @@ def _resume(path: str, train: dict[str, Any]) -> list[str]:
         return [f"train.resume must be true (the latest checkpoint in checkpoint_dir), auto (the same, or a fresh "
                 f"start where there is none), false, or the path of a checkpoint; got {resume!r}"]
     return []
+
+
+def compile_mode_problem(mode: Any, backend: Any) -> str | None:
+    """Why ``mode`` (train.compile_mode) cannot be given to ``torch.compile`` with ``backend``, or None.
+    A mode is inductor's: another backend takes none (torch.compile would refuse the pair)."""
+    if mode not in COMPILE_MODES:
+        guess = difflib.get_close_matches(str(mode), COMPILE_MODES, n=1, cutoff=0.6)
+        return (f"{'did you mean ' + guess[0] + '? ' if guess else ''}write one of: {', '.join(COMPILE_MODES)} "
+                "(torch.compile's modes; default is its own)")
+    if mode != "default" and backend != "inductor":
+        return (f"a mode is the inductor backend's; train.compile_backend is {backend!r}: set it to inductor, "
+                "or remove train.compile_mode")
+    return None
 
 
 def compile_backend_problem(backend: Any, check_registered: bool = False) -> str | None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from .baselines import BASELINES, apply_liger, check_baseline, compile_apply, liger_version
 from .data import PackingStats, describe, job_batches
-from .errors import RunFailed
+from .errors import RunFailed, TrainConfigError
 from .job import plan_device
 from .model import (
     adamw,
@@ -54,6 +54,9 @@ def _prepare(job: dict[str, Any], baseline: str | None, device: str, dtype, out,
     t = job["train"]
     compiled = bool(t["compile"]) if baseline is None else baseline.endswith("+compile")
     backend = t.get("compile_backend", "inductor")
+    mode = t.get("compile_mode", "default")  # the job's own layers only; a baseline compiles as its users do
+    if compiled and rt is not None and mode != "default":  # torchrun without a parallel section
+        raise TrainConfigError(f"train.compile_mode {mode!r} is for one process, not {rt.world_size}: remove it")
     if baseline is None:
         model, facts = _bind(job, device, dtype, out, rt, compiled)
     else:
@@ -87,9 +90,9 @@ def _prepare(job: dict[str, Any], baseline: str | None, device: str, dtype, out,
         # out for an unpadded batch, so that sdpa keeps its flash path (compile_layers says why).
         from ..parallel.fsdp import compile_layers
 
-        c = facts["compile"] = compile_layers(model, backend)
-        print(f"torch.compile (backend {backend}): {c['layers']} {c['what']} ({', '.join(c['classes'])}), each "
-              f"compiled in place; eager: {c['eager']}. The first steps include compilation", file=out)
+        c = facts["compile"] = compile_layers(model, backend, mode=mode)
+        print(f"torch.compile (backend {backend}{', mode ' + mode if mode != 'default' else ''}): {c['layers']} {c['what']} "
+              f"({', '.join(c['classes'])}), each compiled in place; eager: {c['eager']}. The first steps include compilation", file=out)
     elif compiled:  # a baseline: the whole model, as its users compile it
         model = torch.compile(model, backend=backend)
         print(f"torch.compile (backend {backend}): the whole model; the first steps include compilation", file=out)
