@@ -99,6 +99,11 @@ def kind(name: str) -> str:
     return "other"
 
 
+#: Host calls that launch GPU work (the runtime's and the driver's names; a graph replay is one call).
+LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch",
+                "cudaLaunchCooperativeKernel")
+
+
 def summarize(trace_path: str, step_prefix: str = "train_step") -> dict[str, Any]:
     opener = gzip.open if trace_path.endswith(".gz") else open
     with opener(trace_path, "rt") as fh:
@@ -131,6 +136,8 @@ def summarize(trace_path: str, step_prefix: str = "train_step") -> dict[str, Any
             syncs["memcpy DtoH"] += 1
         elif nm in ("aten::item", "aten::_local_scalar_dense"):
             syncs[nm] += 1
+    # launches: the host's launch calls (a CUDA graph's replay is one cudaGraphLaunch) and the kernels run
+    launches: Counter[str] = Counter(e.get("name", "") for e in cpu if e.get("name", "") in LAUNCH_CALLS)
     colls: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     for e in cpu:
         nm = str(e.get("name", ""))
@@ -159,6 +166,8 @@ def summarize(trace_path: str, step_prefix: str = "train_step") -> dict[str, Any
         "kernel_ms_by_kind": {k: v * ms for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
         "top_kernels": [{"name": k, "ms": v[0] * ms, "calls": v[1] / n} for k, v in top],
         "host_syncs_per_step": {k: v / n for k, v in syncs.items()},
+        "launch_calls_per_step": {k: v / n for k, v in sorted(launches.items())},
+        "kernels_per_step": sum(1 for e in gpu if e.get("cat") == "kernel") / n,
         "collectives_per_step": {k: {"calls": v[0] / n, "largest_tensor_nelems": v[1] / n}
                                  for k, v in sorted(colls.items())},
         "cpu_regions_ms_per_step": {k: {"ms": v[0] * ms, "calls": v[1] / n}
@@ -259,7 +268,9 @@ def _run(job: dict[str, Any], rt, a, name: str) -> None:
     if rank == 0:
         p = summary
         print(f"{name}: {res['tokens_per_s']:.0f} tok/s | step {p['wall_ms']:.1f} ms, gpu busy {p['gpu_busy_ms']:.1f}, "
-              f"idle {p['gpu_idle_ms']:.1f}, comm {p['comm_ms']:.1f} (exposed {p['comm_exposed_ms']:.1f})", flush=True)
+              f"idle {p['gpu_idle_ms']:.1f}, comm {p['comm_ms']:.1f} (exposed {p['comm_exposed_ms']:.1f}) | "
+              f"{p['kernels_per_step']:.0f} kernels, launch calls {p['launch_calls_per_step']}, host syncs "
+              f"{p['host_syncs_per_step']}", flush=True)
 
 
 if __name__ == "__main__":
