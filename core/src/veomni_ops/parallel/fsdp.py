@@ -187,8 +187,7 @@ def compile_layers(model: nn.Module, backend: str = "inductor", fullgraph: bool 
                          "its _no_split_modules or a *DecoderLayer)")
     collector = _output_collector()
     for layer in layers:
-        kw = {} if mode == "default" else {"mode": mode}
-        compiled = torch.compile(layer.forward, backend=backend, fullgraph=fullgraph, **kw)
+        compiled = torch.compile(layer.forward, backend=backend, fullgraph=fullgraph, mode=None if mode == "default" else mode)
         cast(Any, layer).forward = _positions_checked(_captured_outputs_as_global(compiled, collector))
     kinds = sorted({type(m).__name__.removeprefix("FSDP") for m in layers})
     sharded = any(type(m).__name__.startswith("FSDP") for m in layers)
