@@ -166,3 +166,23 @@ def test_compile_layers_passes_its_mode_and_only_a_chosen_one(monkeypatch):
     seen.clear()
     facts = veomni_ops.compile_layers(_tiny_bound(), PROBE)
     assert facts["mode"] == "default" and len(seen) == 2 and all(k["mode"] is None for k in seen)
+
+
+def test_reduce_overhead_marks_each_step_for_the_graph_trees(tmp_path, monkeypatch):
+    """train.compile_mode reduce-overhead: the loop calls torch.compiler.cudagraph_mark_step_begin()
+    once before every step (a new generation of CUDA graph trees), and not for the default mode."""
+    from veomni_ops.train.job import load_job
+    from veomni_ops.train.loop import train_one
+
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real(fn, backend=PROBE))  # no codegen on the CPU
+    marks: list[int] = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    steps: list[int] = []
+    for mode, want in (("reduce-overhead", 3), ("default", 0)):
+        marks.clear()
+        steps.clear()
+        job = load_job(write_job(tmp_path, ops={}, steps=3, compile=True, compile_mode=mode))
+        res = train_one(job, out=io.StringIO(), before_step=steps.append)
+        assert len(marks) == want and steps == [1, 2, 3], (mode, marks, steps)
+        assert res["compile"]["mode"] == mode

@@ -25,6 +25,7 @@ from .model import (
     peak_bytes,
     reference_model,
     resolve_device,
+    step_hooks,
 )
 from .restart import Progress, fault_hooks
 
@@ -184,7 +185,6 @@ def is_parallel(job: dict[str, Any]) -> bool:
 
 
 def train_one(job: dict[str, Any], out=sys.stderr, baseline: str | None = None, before_step=None) -> dict[str, Any]:
-    """One run of ``job`` (``before_step(n)``, if given, is called before step n of a one-process run)."""
     if baseline is None and is_parallel(job):
         return _train_parallel(job, out)
     return _train(job, out, baseline, before_step=before_step)
@@ -277,6 +277,7 @@ def _run(job: dict[str, Any], out, baseline: str | None, rt, source: str | None,
         check_baseline(baseline, job, device)
     dtype = getattr(torch, t["dtype"])
     model, facts = _prepare(job, baseline, device, dtype, out, rt)
+    before_step = step_hooks(facts, before_step)  # CUDA graphs (train.compile_mode reduce-overhead): mark each step
     model.train()
     lr = float(t["lr"])
     opt = adamw(model.parameters(), lr, device) if rt is None else rt.adamw(model, lr)
@@ -299,7 +300,6 @@ def _run(job: dict[str, Any], out, baseline: str | None, rt, source: str | None,
         torch.cuda.reset_peak_memory_stats()
     warmup = 2 if facts["compiled"] else 1  # allocation and autotuning; compilation too when compiled
     rates: list[float] = []
-    width = 20
     packed = PackingStats(s)
     for i, batch in enumerate(job_batches(job, vocab, device, start), start=start):
         if i == start and (line := describe(job, batch, i + 1)):
@@ -320,8 +320,8 @@ def _run(job: dict[str, Any], out, baseline: str | None, rt, source: str | None,
         progress.step_done(i + 1, dt)
         rates.append(rate)
         peak, what = peak_bytes(device)
-        done = (i + 1) * width // steps
-        print(f"[{'#' * done}{'.' * (width - done)}] step {i + 1:>3}/{steps}  loss {loss:8.4f}  "
+        done = (i + 1) * 20 // steps  # a bar of 20
+        print(f"[{'#' * done}{'.' * (20 - done)}] step {i + 1:>3}/{steps}  loss {loss:8.4f}  "
               f"{rate:10.0f} tok/s  {what} {peak / 2**30:6.2f} GiB" + ("  (warm-up)" if i - start < warmup else ""),
               file=out, flush=True)
         compile_facts = rt.compile_facts if rt is not None else facts.get("compile")

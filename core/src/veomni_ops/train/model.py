@@ -135,3 +135,21 @@ def adamw(params: Any, lr: float, device: str):
     import torch
 
     return torch.optim.AdamW(params, lr=lr, fused=True if str(device).startswith("cuda") else None)
+
+
+def step_hooks(facts: dict[str, Any], before_step: Any = None) -> Any:
+    """The training loop's ``before_step(n)``: ``before_step`` as given, unless the job's layers were
+    compiled with ``mode="reduce-overhead"`` (``facts["compile"]``): then each step first calls
+    ``torch.compiler.cudagraph_mark_step_begin()``, which starts a new generation of the CUDA graph
+    trees, so that no layer's forward waits on the last step's backward (without it torch warns
+    that the graphs cannot take their fast path), and then ``before_step(n)`` if given."""
+    if (facts.get("compile") or {}).get("mode") != "reduce-overhead":
+        return before_step
+    import torch
+
+    def begin(n: int) -> None:
+        torch.compiler.cudagraph_mark_step_begin()
+        if before_step is not None:
+            before_step(n)
+
+    return begin
