@@ -98,8 +98,9 @@ def lint(session: nox.Session) -> None:
     included, and no import of an op's heavy module from below ops/) and its own tests, the
     op-mention bound (tools/op_mentions.py: no op named in more than 6 core modules outside its
     folder) and its tests, the size bound of the core's modules (tools/test_core_size.py), and the
-    scaling model's sanity (tools/test_scaling_model.py: benchmarks/scaling_model.py, docs/scaling.md).
-    mypy reads the types of what they import, so the core and every plugin are installed beside it."""
+    tests of the benchmark scripts that run without a GPU (tools/test_scaling_model.py:
+    benchmarks/scaling_model.py, docs/scaling.md; tools/test_step_memory.py: the snapshot analysis
+    of benchmarks/gpu/step_memory.py): every tools/test_*.py. mypy reads the types of what they import, so the core and every plugin are installed beside it."""
     session.install(TORCH)
     session.install(*CONSTRAINTS, "ruff>=0.6", "mypy", "-e", "core", *TEST_DEPS,
                     *(a for name in PLUGINS for a in ("-e", f"plugins/{name}")))
@@ -107,8 +108,7 @@ def lint(session: nox.Session) -> None:
     session.run("mypy")
     session.run("python", "tools/import_graph.py", "core/src")
     session.run("python", "tools/op_mentions.py", "core/src", "--max", "6")
-    session.run("pytest", "tools/test_import_graph.py", "tools/test_op_mentions.py", "tools/test_core_size.py",
-                "tools/test_scaling_model.py", "-q")
+    session.run("pytest", "tools", "-q")  # every tools/test_*.py, so none is left out
 
 
 @_session
