@@ -6,30 +6,13 @@ finds one wherever an import can close it. The lint session runs this file.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+from _scripts import ROOT, load, tree
 
-HERE = Path(__file__).resolve().parent
-_spec = importlib.util.spec_from_file_location("import_graph", HERE / "import_graph.py")
-assert _spec is not None and _spec.loader is not None
-ig = importlib.util.module_from_spec(_spec)
-sys.modules["import_graph"] = ig  # dataclasses look their module up while the class is made
-_spec.loader.exec_module(ig)
-
-CORE_SRC = HERE.parent / "core" / "src"
-
-
-def tree(root: Path, files: dict[str, str]) -> Path:
-    """Write ``files`` (path -> source) below ``root``; return ``root``."""
-    for name, text in files.items():
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text))
-    return root
+ig = load("import_graph", ROOT / "tools" / "import_graph.py")
+CORE_SRC = ROOT / "core" / "src"
 
 
 def circles(root: Path) -> list[tuple[str, ...]]:

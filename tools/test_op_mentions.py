@@ -5,27 +5,10 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-import textwrap
-from pathlib import Path
+from _scripts import ROOT, load, tree
 
-HERE = Path(__file__).resolve().parent
-_spec = importlib.util.spec_from_file_location("op_mentions", HERE / "op_mentions.py")
-assert _spec is not None and _spec.loader is not None
-om = importlib.util.module_from_spec(_spec)
-sys.modules["op_mentions"] = om
-_spec.loader.exec_module(om)
-
-CORE_SRC = HERE.parent / "core" / "src"
-
-
-def tree(root: Path, files: dict[str, str]) -> Path:
-    for name, text in files.items():
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text))
-    return root
+om = load("op_mentions", ROOT / "tools" / "op_mentions.py")
+CORE_SRC = ROOT / "core" / "src"
 
 
 FIXTURE = {

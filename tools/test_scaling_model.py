@@ -3,21 +3,17 @@ numbers obey the basic sanity of a scaling model."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _scripts import ROOT, load
+
 SCRIPT = ROOT / "benchmarks" / "scaling_model.py"
 
 
 def _model():
-    spec = importlib.util.spec_from_file_location("scaling_model", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("scaling_model", SCRIPT)
 
 
 def test_runs_and_prints_the_tables():

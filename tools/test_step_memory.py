@@ -8,23 +8,13 @@ innermost first), and the command's refusal on the CPU.
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _scripts import ROOT, load
+
 SCRIPT = ROOT / "benchmarks" / "gpu" / "step_memory.py"
-
-
-def _mod():
-    spec = importlib.util.spec_from_file_location("step_memory", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-sm = _mod()
+sm = load("step_memory", SCRIPT)
 TF = "/site/transformers/models/qwen3/modeling_qwen3.py"
 LOOP = {"filename": "/site/veomni_ops/train/loop.py", "line": 300, "name": "_run"}
 MARK = {"filename": str(SCRIPT), "line": 1, "name": "_mark_phase"}
