@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .job_schema import DTYPES, _no_value, _unknown
+from .job_schema import DTYPES, _no_value, _not_fields, _unknown
 
 
 def _whole(value: Any) -> bool:
@@ -31,8 +31,7 @@ def _load_data(data: dict[str, Any], train: dict[str, Any], problems: list[str])
                                   "(unpacked rows)"))
         return None
     if not isinstance(section, dict):
-        problems.append(f"data must be a mapping of fields ({', '.join(DATA_DEFAULTS)}), not "
-                        f"{type(section).__name__} {section!r}")
+        problems.append(_not_fields("data", section, DATA_DEFAULTS))
         return None
     problems += _unknown(section, tuple(DATA_DEFAULTS), "data field", "data.")
     out = {**DATA_DEFAULTS, **{k: v for k, v in section.items() if k in DATA_DEFAULTS}}
@@ -49,8 +48,7 @@ def _load_data(data: dict[str, Any], train: dict[str, Any], problems: list[str])
     if lengths is None:
         return out
     if not isinstance(lengths, dict):
-        problems.append(f"data.doc_len must be a mapping of fields ({', '.join(DOC_LEN_DEFAULTS)}), not "
-                        f"{type(lengths).__name__} {lengths!r}")
+        problems.append(_not_fields("data.doc_len", lengths, DOC_LEN_DEFAULTS))
         return out
     if out["packing"] is False:
         problems.append("data.doc_len sets the lengths of packed documents, and data.packing is false: set "

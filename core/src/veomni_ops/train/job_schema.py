@@ -91,6 +91,11 @@ def _no_value(field: str, fix: str) -> str:
     return f"{field} has no value (YAML reads '{field.rpartition('.')[2]}:' with nothing after it as null): {fix}"
 
 
+def _not_fields(name: str, value: Any, fields: Any) -> str:
+    """The problem of a section or nested field ``name`` that is not the mapping of ``fields`` it must be."""
+    return f"{name} must be a mapping of fields ({', '.join(fields)}), not {type(value).__name__} {value!r}"
+
+
 def _section(data: dict[str, Any], name: str, problems: list[str], required: bool = False) -> dict[str, Any]:
     value = data.get(name)
     if value is None:

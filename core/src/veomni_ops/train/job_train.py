@@ -20,6 +20,7 @@ from .job_schema import (
     TRAIN_DEVICES,
     _job_path,
     _no_value,
+    _not_fields,
     _unknown,
 )
 
@@ -30,8 +31,7 @@ def _load_train(section: Any, problems: list[str], here: bool) -> dict[str, Any]
     if section is None:
         return train
     if not isinstance(section, dict):
-        problems.append(f"train must be a mapping of fields ({', '.join(TRAIN_DEFAULTS)}), not "
-                        f"{type(section).__name__} {section!r}")
+        problems.append(_not_fields("train", section, TRAIN_DEFAULTS))
         return train
     problems += _unknown(section, tuple(TRAIN_DEFAULTS), "train field", "train.")
     for name in (k for k in TRAIN_DEFAULTS if k in section and section[k] is None):
