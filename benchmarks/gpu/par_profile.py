@@ -229,7 +229,7 @@ def main() -> int:
 def _run(job: dict[str, Any], rt, a, name: str) -> None:
     import torch
     from veomni_ops.train.loop import _prepare
-    from veomni_ops.train.model import resolve_device, synthetic_batches
+    from veomni_ops.train.model import adamw, resolve_device, step_hooks, synthetic_batches
 
     t = job["train"]
     rank = rt.rank if rt is not None else 0
@@ -238,13 +238,16 @@ def _run(job: dict[str, Any], rt, a, name: str) -> None:
     model, facts = _prepare(job, None, device, getattr(torch, t["dtype"]), out, rt)
     model.train()
     lr = float(t["lr"])
-    # as loop._train builds it (a runtime from before issue 23 has no adamw())
-    opt = rt.adamw(model, lr) if hasattr(rt, "adamw") else torch.optim.AdamW(model.parameters(), lr=lr)
+    # as loop._train builds it: one process, train.model.adamw (fused on CUDA); a layout, its runtime's
+    opt = rt.adamw(model, lr) if rt is not None else adamw(model.parameters(), lr, str(device))
+    begin = step_hooks(facts)  # CUDA graphs (train.compile_mode reduce-overhead): each step marked, as the loop does
     b, s = int(t["batch_size"]), int(t["seq_len"])
     batches = list(synthetic_batches(model.config.vocab_size, b, s, a.steps + a.profile_steps, t["seed"], device))
     losses: list[float] = []
 
     def step(ids):
+        if begin is not None:
+            begin(0)
         outp = model(input_ids=ids, labels=ids, use_cache=False) if rt is None else model(**rt.shard_batch(ids))
         outp.loss.backward()
         opt.step()
