@@ -183,3 +183,18 @@ def test_config_field_and_veomni_defaults():
     assert "moe_router_implementation" in NOT_IN_VEOMNI
     assert VEOMNI_DEFAULTS["moe_router_implementation"] == "eager"
     assert OpsConfig.veomni_defaults().moe_router_implementation == "eager"
+
+
+def test_bench_times_forward_and_backward_of_the_weights_only():
+    """The bench's fwd+bwd differentiates the outputs that have a gradient (the weights, not the indices)."""
+    import veomni_ops.bench as B
+    from veomni_ops.bench.loop import _closures
+
+    w = B.Workload("t", "moe_router", "standard", "float32", dict(tokens=16, experts=8, top_k=2, normalize=1), "bytes",
+                   "moe_router")
+    inputs, diff = B.build_inputs(w, "cpu")
+    assert diff == ("logits",) and inputs["normalize"] is True
+    passes = _closures(moe_router, inputs, diff, HARNESS, torch.device("cpu"))
+    (grad,) = passes["fwd+bwd"][0]()
+    assert grad.shape == (16, 8) and torch.isfinite(grad).all()
+    assert w.amount("fwd+bwd") > w.amount("fwd") > 0
