@@ -261,6 +261,7 @@ CORE_KERNELS = {
     ("swiglu", "standard"): {"eager"},
     ("cross_entropy", "logits"): {"eager"},
     ("cross_entropy", "fused_linear"): {"eager", "chunked"},
+    ("moe_router", "standard"): {"eager"},
     ("moe_experts", "standard"): {"eager", "grouped_mm"},
     ("load_balancing_loss", "standard"): {"eager"},
     ("attention", "standard"): {"eager", "sdpa", "flex_attention"},

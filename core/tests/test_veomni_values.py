@@ -113,9 +113,9 @@ def test_veomni_defaults():
     assert gpu == {"attn_implementation": "flash_attention_2", "rms_norm_implementation": "liger",
                    "rotary_pos_emb_implementation": "liger", "swiglu_mlp_implementation": "liger",
                    "cross_entropy_loss_implementation": "liger", "moe_implementation": "triton",
-                   "load_balancing_loss_implementation": "triton"}
+                   "load_balancing_loss_implementation": "triton", "moe_router_implementation": "eager"}
     npu = cfg.for_device("npu").to_dict()
-    assert npu == {**NPU_REWRITE, "attn_implementation": "npu"}  # VeOmni's flash attention there: npu_fusion_attention
+    assert npu == {**NPU_REWRITE, "attn_implementation": "npu", "moe_router_implementation": "eager"}  # VeOmni's flash attention there: npu_fusion_attention
     # a whole VeOmni config with defaults=veomni: what it writes, and VeOmni's defaults for the rest
     qwen3_moe = load(FIXTURES / "text__qwen3-moe.yaml", defaults="veomni")
     assert qwen3_moe.to_dict() == {**VEOMNI_DEFAULTS, "attn_implementation": "flash_attention_2",

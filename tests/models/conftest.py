@@ -49,6 +49,7 @@ _WRAPPED = {
     ("swiglu", "standard"): ("veomni_ops.kernels.swiglu", "silu_mul"),
     ("cross_entropy", "logits"): ("veomni_ops.kernels.cross_entropy", "cross_entropy_sum"),
     ("cross_entropy", "fused_linear"): ("veomni_ops.kernels.cross_entropy", "fused_linear_cross_entropy_sum"),
+    ("moe_router", "standard"): ("veomni_ops.ops.moe_router.kernel", "moe_router"),
     ("moe_experts", "standard"): ("veomni_ops.kernels.moe", "moe_experts_eager"),
     ("load_balancing_loss", "standard"): ("veomni_ops.kernels.load_balancing", "load_balancing_loss"),
     ("attention", "standard"): ("veomni_ops.kernels.attention", "eager_attention"),

@@ -6,7 +6,7 @@ kernel compiles; inductor's C++ code generation on a 2-core CPU would add minute
 tests nothing about the binding.
 
 What compiles fullgraph (and the spec's ``supports_compile`` says so): every eager kernel
-but the experts loop (rms_norm, rotary, swiglu, attention, fused-linear CE,
+but the experts loop (rms_norm, rotary, swiglu, moe_router, attention, fused-linear CE,
 load_balancing_loss), sdpa attention, chunked fused-linear CE, grouped_mm experts
 (bfloat16). What does not: the eager experts loop
 (``nonzero`` + a loop over the experts hit: data-dependent), ``supports_compile=False``.
@@ -71,6 +71,7 @@ def test_qwen3_moe_auto_plan_compiles_fullgraph(registry):
         ("rms_norm", "standard"): "eager",
         ("rotary", "full"): "eager",
         ("attention", "standard"): "sdpa",
+        ("moe_router", "standard"): "eager",
         ("moe_experts", "standard"): "grouped_mm",
         ("cross_entropy", "fused_linear"): "chunked",
         ("cross_entropy", "logits"): "eager",  # the head's logits path (evaluation, no grad)

@@ -18,7 +18,7 @@ from veomni_ops.binding import BindingError, DroppedBinding
 from veomni_ops.binding.functions import library_method
 
 FORWARD_OWNERS = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen3RMSNorm", "Qwen3MoeRMSNorm", "Qwen3MLP",
-                  "Qwen3MoeExperts", "Qwen3Attention", "Qwen3MoeAttention")
+                  "Qwen3MoeExperts", "Qwen3MoeTopKRouter", "Qwen3Attention", "Qwen3MoeAttention")
 
 
 def _bound_modules(model):

@@ -16,7 +16,8 @@ from models_support import ALL_EAGER, ALL_FIELDS, batch, build, config
 COUNTING = {f: "counting" for f in ALL_FIELDS}
 # Explicit names only where the model has the op (elsewhere an explicit name is a BindingError).
 COUNTING_MOE = {**COUNTING, "swiglu_mlp_implementation": "auto"}
-COUNTING_DENSE = {**COUNTING, "moe_implementation": "auto", "load_balancing_loss_implementation": "auto"}
+COUNTING_DENSE = {**COUNTING, "moe_implementation": "auto", "load_balancing_loss_implementation": "auto",
+                  "moe_router_implementation": "auto"}
 
 
 def test_teacher_eager_student_counting(counting_registry, counter):
@@ -54,6 +55,7 @@ def test_teacher_eager_student_counting(counting_registry, counter):
         ("rms_norm", "standard"): n_norms,
         ("rotary", "full"): 2,
         ("attention", "standard"): 2,
+        ("moe_router", "standard"): 2,
         ("moe_experts", "standard"): 2,
         ("cross_entropy", "fused_linear"): 1,
         ("load_balancing_loss", "standard"): 1,

@@ -26,10 +26,12 @@ from veomni.arguments.arguments_types import OpsImplementationConfig  # noqa: E4
 from veomni_ops import OpsConfig  # noqa: E402
 from veomni_ops.config import FIELD_TO_OP, LEGACY_VALUES, UNMANAGED_FIELDS  # noqa: E402
 from veomni_ops.spec import normalize_name  # noqa: E402
-from veomni_ops.veomni import NOT_PROVIDED, VEOMNI_DEFAULTS  # noqa: E402
+from veomni_ops.veomni import NOT_IN_VEOMNI, NOT_PROVIDED, VEOMNI_DEFAULTS  # noqa: E402
 
 FIXTURES = Path(__file__).parents[2] / "core" / "tests" / "fixtures" / "veomni"
 #: Attention kernels our distributions register (the core's, veomni-flash's).
+#: Our fields VeOmni has too (not moe_router_implementation: VeOmni has no router field, NOT_IN_VEOMNI).
+VEOMNI_FIELDS = {f: op for f, op in FIELD_TO_OP.items() if f not in NOT_IN_VEOMNI}
 OUR_ATTENTION = {"eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3", "flash_attention_4"}
 
 
@@ -56,7 +58,7 @@ def veomni_resolves(ops: dict, npu: bool, monkeypatch) -> dict[str, str] | str:
         cfg = OpsImplementationConfig(**ops)
     except ValueError as e:
         return str(e)
-    return {f: getattr(cfg, f) for f in FIELD_TO_OP}
+    return {f: getattr(cfg, f) for f in VEOMNI_FIELDS}
 
 
 def ops_block(path: Path) -> dict:
@@ -66,8 +68,9 @@ def ops_block(path: Path) -> dict:
 
 def test_veomnis_defaults_are_what_defaults_veomni_gives():
     defaults = {f.name: f.default for f in dataclasses.fields(OpsImplementationConfig)}
-    assert {f: defaults[f] for f in FIELD_TO_OP} == dict(VEOMNI_DEFAULTS)
+    assert {f: defaults[f] for f in VEOMNI_FIELDS} == {f: v for f, v in VEOMNI_DEFAULTS.items() if f in VEOMNI_FIELDS}
     assert OpsConfig.veomni_defaults().to_dict() == dict(VEOMNI_DEFAULTS)
+    assert not set(NOT_IN_VEOMNI) & set(defaults)  # what NOT_IN_VEOMNI says: VeOmni has no such field
 
 
 def test_every_veomni_field_is_known():
@@ -97,7 +100,7 @@ def test_each_value_is_the_kernel_veomni_resolves_it_to(path, npu, monkeypatch):
         # VeOmni refuses the file on this host: an NPU kernel off an NPU, a GPU-only kernel on one
         assert ("requires Ascend NPU" in got) != npu and ("not supported on Ascend NPU" in got) == npu, got
         return
-    for field, op in FIELD_TO_OP.items():
+    for field, op in VEOMNI_FIELDS.items():
         want = ours(op, got[field])
         if op == "attention" and npu and want.startswith("flash_attention_"):
             want = "npu"  # transformers' NPU flash attention there (npu_fusion_attention): veomni-npu's npu

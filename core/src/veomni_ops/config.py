@@ -78,6 +78,8 @@ class OpsConfig:
     cross_entropy_loss_implementation: str = AUTO
     moe_implementation: str = AUTO
     load_balancing_loss_implementation: str = AUTO
+    # veomni-ops' own: VeOmni's OpsImplementationConfig has no router field (veomni.NOT_IN_VEOMNI).
+    moe_router_implementation: str = AUTO
     unmanaged: tuple[tuple[str, str], ...] = field(default=())
 
     def __post_init__(self) -> None:
@@ -131,7 +133,7 @@ class OpsConfig:
         return getattr(self, OP_TO_FIELD[op])
 
     def to_dict(self) -> dict[str, str]:
-        """The seven op fields (``unmanaged`` is not among them)."""
+        """The op fields (``unmanaged`` is not among them)."""
         return {f: getattr(self, f) for f in FIELD_TO_OP}
 
     def for_device(self, device: Any) -> OpsConfig:

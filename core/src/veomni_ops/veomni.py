@@ -3,7 +3,7 @@
 VeOmni (``ByteDance-Seed/VeOmni`` at commit d977449, ``veomni/arguments/arguments_types.py``)
 picks some kernels by device, and its defaults are concrete kernels where ours are ``auto``.
 ``docs/veomni-values.md`` lists every value VeOmni accepts, with its file and line, and what
-veomni-ops does with it. This module holds the three tables that behaviour needs (the first and
+veomni-ops does with it. This module holds the tables that behaviour needs (the first and
 the last gathered from the op folders, where each op declares its own: ``OpDef.veomni_values``,
 ``OpDef.veomni_not_provided``):
 
@@ -13,7 +13,8 @@ the last gathered from the op folders, where each op declares its own: ``OpDef.v
   default (``liger_kernel``, ``fused_triton``, ``triton``), and ``moe_implementation: fused`` is
   Quack's MoE off NPU and the NPU kernel on one; ``flash_attention_2/3/4`` are veomni-flash's
   kernels off an NPU and veomni-npu's ``npu_fusion_attention`` kernel on one.
-* :data:`VEOMNI_DEFAULTS`: VeOmni's default for each managed field, for
+* :data:`VEOMNI_DEFAULTS`: VeOmni's default for each managed field (for a field VeOmni lacks,
+  :data:`NOT_IN_VEOMNI`, what VeOmni runs there), for
   ``OpsConfig.from_dict(..., defaults="veomni")`` / ``OpsConfig.veomni_defaults()`` /
   ``veomni-ops resolve --defaults veomni``.
 * :data:`NOT_PROVIDED`: VeOmni kernels veomni-ops has no kernel for. Where no installed plugin
@@ -47,6 +48,16 @@ VEOMNI_DEFAULTS: Mapping[str, str] = {
     "swiglu_mlp_implementation": "liger_kernel",
     "rotary_pos_emb_implementation": "liger_kernel",
     "load_balancing_loss_implementation": "triton",
+    # Not a VeOmni field (NOT_IN_VEOMNI): VeOmni runs the model's own router, which is eager here.
+    "moe_router_implementation": "eager",
+}
+
+#: veomni-ops fields VeOmni's ``OpsImplementationConfig`` has no field for -> what VeOmni runs
+#: there. ``defaults="veomni"`` fills them with that (:data:`VEOMNI_DEFAULTS`); a VeOmni config
+#: never sets them, and VeOmni itself would refuse them as unknown.
+NOT_IN_VEOMNI: Mapping[str, str] = {
+    "moe_router_implementation": "VeOmni has no router field: it runs the model's own router code (transformers' "
+                                 "Qwen3MoeTopKRouter.forward), which is the eager kernel here",
 }
 
 #: The ways a config may fill omitted fields: ``auto`` (ours) or ``veomni`` (VeOmni's defaults).

@@ -119,7 +119,9 @@ def _closures(fn, inputs, diff, harness, device):
                     # gets its gradient that way too, as in the model
                     r = torch.randn(o.shape, generator=g, device=device, dtype=torch.float32)
                     cots.append(torch.empty_like(o).copy_(r))
-        return torch.autograd.grad(outs, leaves, cots, allow_unused=True)
+        # only the outputs with a gradient (an op may also return indices: the router's)
+        pairs = [(o, c) for o, c in zip(outs, cots) if o.requires_grad]
+        return torch.autograd.grad([o for o, _ in pairs], leaves, [c for _, c in pairs], allow_unused=True)
 
     grad_bytes = sum(t.numel() * t.element_size() for t in leaves)
     return {"fwd": (fwd, 0), "fwd+bwd": (fwd_bwd, grad_bytes)}

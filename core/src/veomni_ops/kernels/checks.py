@@ -37,7 +37,9 @@ Op-level contract checks, built from these; each takes ``backend`` and a narrowe
 * :func:`check_rotary_inputs` -- ``rotary`` (``ops/rotary/checks.py``): ``q``, ``k`` ``[B, H, S, D]``,
   ``cos``/``sin`` ``[B, S, R]``;
 * :func:`check_moe_inputs`, :func:`check_expert_index` -- ``moe_experts`` (``ops/moe_experts/checks.py``):
-  the shapes, and the expert-index rule (``-1``, :data:`NO_EXPERT`, and ``E`` route nowhere). The
+  the shapes, and the expert-index rule (``-1``, :data:`NO_EXPERT`, and ``E`` route nowhere);
+* :func:`check_moe_router_inputs` -- ``moe_router`` (``ops/moe_router/checks.py``): logits ``[T, E]``,
+  ``top_k`` in ``[1, E]`` and a kernel's own limits, ``normalize``. The
   rotary and MoE reference kernels' modules re-export them (``veomni_ops.kernels.rotary.check_rotary_inputs``,
   ``veomni_ops.kernels.moe.check_moe_inputs``, ...). No op's checks import a kernel module.
 
@@ -61,6 +63,7 @@ from ..ops.cross_entropy.checks import (
     check_linear_cross_entropy_inputs,
 )
 from ..ops.moe_experts.checks import NO_EXPERT, check_expert_index, check_moe_inputs
+from ..ops.moe_router.checks import check_moe_router_inputs
 from ..ops.rms_norm.checks import check_rms_norm_inputs
 from ..ops.rotary.checks import check_rotary_inputs
 from ..ops.swiglu.checks import check_swiglu_inputs
@@ -106,6 +109,7 @@ __all__ = [
     "check_labels",
     "check_linear_cross_entropy_inputs",
     "check_moe_inputs",
+    "check_moe_router_inputs",
     "check_ndim",
     "check_rms_norm_inputs",
     "check_rotary_inputs",
@@ -216,6 +220,12 @@ class BackendChecks:
     def check_rotary_inputs(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> int:
         """:func:`check_rotary_inputs` with this backend's dtypes; returns R."""
         return check_rotary_inputs(q, k, cos, sin, backend=self.backend, float_check=self.check_float)
+
+    def check_moe_router_inputs(self, logits: torch.Tensor, top_k: int, normalize: bool, *,
+                                max_experts: int | None = None, max_top_k: int | None = None) -> tuple[int, int]:
+        """:func:`check_moe_router_inputs` with this backend's dtypes and its kernel's limits; returns ``(T, E)``."""
+        return check_moe_router_inputs(logits, top_k, normalize, backend=self.backend, float_check=self.check_float,
+                                       max_experts=max_experts, max_top_k=max_top_k)
 
     def check_moe_inputs(
         self,

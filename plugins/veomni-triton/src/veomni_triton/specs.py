@@ -115,6 +115,27 @@ def load_balancing_loss() -> list[KernelSpec]:
     ]
 
 
+# The router's tolerances are the core eager kernel's (measured: ops/moe_router/reference.py):
+# the same fp32 math and one final cast to the logits' dtype.
+_ROUTER_TOL = {"float32": Tolerance(4e-6, 4e-6), "bfloat16": Tolerance(1.6e-2, 1.6e-2),
+               "float16": Tolerance(2e-3, 2e-3)}
+
+
+@hookimpl
+def moe_router() -> list[KernelSpec]:
+    # Priority -10, below the core's eager (0): not yet measured in a training step on a GPU, so
+    # `auto` keeps the model's router (eager) and this kernel is taken only by name
+    # (moe_router_implementation: triton). No torch.library op yet: not for torch.compile.
+    return [
+        _TRITON.spec(
+            "moe_router", "standard", "router:moe_router",
+            "Triton top-k softmax router: fp32 softmax, top-k by arg-max rounds (ties: lowest index) and "
+            "renormalisation in registers, E <= 512, k <= 16; one launch fwd, one bwd; no host sync",
+            tolerances=_ROUTER_TOL, priority=-10, supports_compile=False,
+        )
+    ]
+
+
 @hookimpl
 def cross_entropy() -> list[KernelSpec]:
     # Priority 30, above veomni-liger's 20: faster on the committed H100 bench (fwd+bwd, hidden
