@@ -60,6 +60,18 @@ def test_ties_take_the_lowest_index_first(device):
     assert torch.isfinite(w).all() and w[1].tolist() == [1.0, 0.0, 0.0, 0.0]
 
 
+def test_a_row_of_nan_keeps_its_indices_in_range(device):
+    """A NaN row (a diverged router) matches no column in the arg-max rounds: its indices stay within
+    [0, E), so the experts kernel that reads them never goes out of bounds (the row's weights are not
+    defined: the loss is NaN either way); the other rows are untouched."""
+    logits = torch.randn(3, 6, device=device)
+    logits[1] = float("nan")
+    w, i = moe_router(logits, 2, True)
+    assert ((i >= 0) & (i < 6)).all()
+    ok, ref = moe_router(logits[[0, 2]], 2, True)
+    assert torch.equal(w[[0, 2]], ok) and torch.equal(i[[0, 2]], ref)
+
+
 def test_no_token_and_no_grad(device):
     x = torch.randn(0, 8, device=device, requires_grad=True)
     w, i = moe_router(x, 2, True)

@@ -65,7 +65,8 @@ def _router_fwd_kernel(
     idxs = tl.zeros((BLOCK_T, BLOCK_K), dtype=tl.int64)
     for j in tl.static_range(TOPK):
         best = tl.max(cand, axis=1)
-        pick = tl.min(tl.where(cand == best[:, None], cols[None, :], BLOCK_E), axis=1)
+        # a row of NaN logits matches no column: expert E - 1 then, so an index is never out of range
+        pick = tl.minimum(tl.min(tl.where(cand == best[:, None], cols[None, :], BLOCK_E), axis=1), E - 1)
         cand = tl.where(cols[None, :] == pick[:, None], -1.0, cand)
         vals = tl.where(ks[None, :] == j, best[:, None], vals)
         idxs = tl.where(ks[None, :] == j, pick[:, None].to(tl.int64), idxs)
