@@ -7,7 +7,10 @@
 #   sweep:H:T[,T]     tune_flce.py --hidden H --tokens T... --chunks 1024 2048 4096 8192 (ours, Liger, CCE, eager)
 #   errors:H:T        tune_flce.py --hidden H --errors T (loss, dH, dW against float64, every implementation)
 #   step:MIB:NAME     issue24.sh step:NAME with VEOMNI_TRITON_FLCE_CHUNK_MIB=MIB (MIB "default": unset)
-#   mem:NAME / prof:NAME   issue24.sh's steps of those names
+#   mem:NAME / prof:NAME / moe   issue24.sh's steps of those names
+#   check:OP          veomni-ops check --backend veomni-triton --op OP, then the plugin's tests of OP on the GPU
+#   bench:PRESET:OP   veomni-ops bench --preset PRESET --op OP (every usable kernel of OP, eager included)
+#   compare:A:B       veomni-ops train examples/A.yaml --compare examples/B.yaml --json (same seed and data)
 # A step is skipped once fewer than 60 s are left of DEADLINE (epoch seconds; default now + 540).
 set -u
 OUT=${OUT:-$PWD/gpu-results}; RES=$OUT/i33; mkdir -p "$RES"
@@ -30,7 +33,15 @@ for s in "$@"; do
     step) mib=$a; sub=$RES/step-mib-$mib
           if [ "$mib" = default ]; then env -u VEOMNI_TRITON_FLCE_CHUNK_MIB OUT=$sub bash benchmarks/gpu/issue24.sh "step:$b"
           else VEOMNI_TRITON_FLCE_CHUNK_MIB=$mib OUT=$sub bash benchmarks/gpu/issue24.sh "step:$b"; fi;;
-    mem|prof) OUT=$RES bash benchmarks/gpu/issue24.sh "$s";;
+    mem|prof|moe) OUT=$RES bash benchmarks/gpu/issue24.sh "$s";;
+    check) timeout $((left - 5)) python3 -m veomni_ops.cli check --backend veomni-triton --op "$a" > "$RES/check-$a.log" 2>&1
+           tail -8 "$RES/check-$a.log"
+           (cd plugins/veomni-triton && timeout $((left - 5)) python3 -m pytest -q -p no:cacheprovider tests -k "$a" \
+             > "$RES/pytest-$a.log" 2>&1); tail -3 "$RES/pytest-$a.log";;
+    bench) timeout $((left - 5)) python3 -m veomni_ops.cli bench --preset "$a" --op "$b" --quiet --json "$RES/bench-$a.json" \
+             > "$RES/bench-$a.out" 2> "$RES/bench-$a.log"; grep -E "^\| $b" "$RES/bench-$a.out" | cut -c1-220;;
+    compare) timeout $((left - 5)) python3 -m veomni_ops.cli train "examples/$a.yaml" --steps "$STEPS" --compare "examples/$b.yaml" \
+             --json > "$RES/compare-$b.json" 2> "$RES/compare-$b.log"; tail -4 "$RES/compare-$b.log";;
     *) echo "unknown step $s";;
   esac
   echo "[i33]   ($s took $(( $(date +%s) - t0 )) s)"
