@@ -224,13 +224,14 @@ def test_a_named_kernel_that_cannot_run_here_comes_with_the_other_mistakes(tmp_p
 
 
 def test_defaults_veomni_fills_what_the_job_omits_with_veomnis_kernels(tmp_path, capsys, nothing_built):
-    from veomni_ops.veomni import VEOMNI_DEFAULTS
+    from veomni_ops.veomni import NOT_IN_VEOMNI, VEOMNI_DEFAULTS
 
     path = write(tmp_path, GOOD)  # names rms_norm only
     ours = load_job(path)["ops"].to_dict()
     assert ours.pop("rms_norm_implementation") == "eager" and set(ours.values()) == {"auto"}
     job = load_job(path, here=False, defaults="veomni")
-    assert job["ops"].to_dict() == {**VEOMNI_DEFAULTS, "rms_norm_implementation": "eager"}
+    assert job["ops"].to_dict() == {**VEOMNI_DEFAULTS, **dict.fromkeys(NOT_IN_VEOMNI, "auto"),
+                                    "rms_norm_implementation": "eager"}
     with pytest.raises(TrainConfigError, match="defaults must be one of 'auto', 'veomni', got 'gpu'"):
         load_job(path, defaults="gpu")
     # on this CPU VeOmni's (GPU) defaults cannot run: refused before anything is built, each named

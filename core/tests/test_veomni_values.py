@@ -19,7 +19,7 @@ from veomni_ops.config import FIELD_TO_OP, LegacyValueWarning
 from veomni_ops.discovery import build_registry
 from veomni_ops.registry import extra_of
 from veomni_ops.spec import OPS
-from veomni_ops.veomni import DEVICE_VALUES, NOT_PROVIDED, VEOMNI_DEFAULTS
+from veomni_ops.veomni import DEVICE_VALUES, NOT_IN_VEOMNI, NOT_PROVIDED, VEOMNI_DEFAULTS
 
 FIXTURES = Path(__file__).parent / "fixtures" / "veomni"
 CONFIGS = sorted(FIXTURES.glob("*.yaml"))
@@ -107,18 +107,20 @@ def test_veomni_defaults():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # asked for: no legacy warnings
         cfg = OpsConfig.veomni_defaults()
-        assert cfg.to_dict() == VEOMNI_DEFAULTS
+        assert cfg.to_dict() == {**VEOMNI_DEFAULTS, **dict.fromkeys(NOT_IN_VEOMNI, "auto")}
+        assert NOT_IN_VEOMNI == ("residual_rms_norm_implementation",)
         assert OpsConfig.veomni_defaults(attn_implementation="sdpa").attn_implementation == "sdpa"
         gpu = cfg.for_device("cuda:9.0").to_dict()
     assert gpu == {"attn_implementation": "flash_attention_2", "rms_norm_implementation": "liger",
                    "rotary_pos_emb_implementation": "liger", "swiglu_mlp_implementation": "liger",
                    "cross_entropy_loss_implementation": "liger", "moe_implementation": "triton",
-                   "load_balancing_loss_implementation": "triton"}
+                   "load_balancing_loss_implementation": "triton", "residual_rms_norm_implementation": "auto"}
     npu = cfg.for_device("npu").to_dict()
-    assert npu == {**NPU_REWRITE, "attn_implementation": "npu"}  # VeOmni's flash attention there: npu_fusion_attention
+    assert npu == {**NPU_REWRITE, "attn_implementation": "npu", "residual_rms_norm_implementation": "auto"}  # VeOmni's flash attention there: npu_fusion_attention
     # a whole VeOmni config with defaults=veomni: what it writes, and VeOmni's defaults for the rest
     qwen3_moe = load(FIXTURES / "text__qwen3-moe.yaml", defaults="veomni")
-    assert qwen3_moe.to_dict() == {**VEOMNI_DEFAULTS, "attn_implementation": "flash_attention_2",
+    assert qwen3_moe.to_dict() == {**VEOMNI_DEFAULTS, **dict.fromkeys(NOT_IN_VEOMNI, "auto"),
+                                   "attn_implementation": "flash_attention_2",
                                    "moe_implementation": "fused_triton"}
     lora = load(FIXTURES / "text__qwen3_lora.yaml", defaults="veomni")
     assert lora.cross_entropy_loss_implementation == "eager" and lora.moe_implementation == "fused_triton"

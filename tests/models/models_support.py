@@ -44,6 +44,7 @@ ALL_FIELDS = (
     "cross_entropy_loss_implementation",
     "moe_implementation",
     "load_balancing_loss_implementation",
+    "residual_rms_norm_implementation",
 )
 ALL_EAGER = {f: "eager" for f in ALL_FIELDS}
 

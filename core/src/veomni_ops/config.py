@@ -78,6 +78,8 @@ class OpsConfig:
     cross_entropy_loss_implementation: str = AUTO
     moe_implementation: str = AUTO
     load_balancing_loss_implementation: str = AUTO
+    #: not a VeOmni field (VeOmni has no fused residual add + norm): last, after VeOmni's own
+    residual_rms_norm_implementation: str = AUTO
     unmanaged: tuple[tuple[str, str], ...] = field(default=())
 
     def __post_init__(self) -> None:
@@ -131,7 +133,7 @@ class OpsConfig:
         return getattr(self, OP_TO_FIELD[op])
 
     def to_dict(self) -> dict[str, str]:
-        """The seven op fields (``unmanaged`` is not among them)."""
+        """The op fields (``unmanaged`` is not among them)."""
         return {f: getattr(self, f) for f in FIELD_TO_OP}
 
     def for_device(self, device: Any) -> OpsConfig:

@@ -49,6 +49,12 @@ VEOMNI_DEFAULTS: Mapping[str, str] = {
     "load_balancing_loss_implementation": "triton",
 }
 
+#: ``OpsConfig`` fields VeOmni's ``OpsImplementationConfig`` does not have (ops veomni-ops adds, such as
+#: the fused residual add + norm): ``defaults="veomni"`` leaves them ``auto``, which there takes the
+#: core's ``eager`` (the model's own code, what VeOmni runs), as no other kernel ranks above it.
+NOT_IN_VEOMNI: tuple[str, ...] = tuple(d.info.config_field for d in OP_DEFS.values()
+                                       if d.info.config_field not in VEOMNI_DEFAULTS)
+
 #: The ways a config may fill omitted fields: ``auto`` (ours) or ``veomni`` (VeOmni's defaults).
 DEFAULTS = ("auto", "veomni")
 
