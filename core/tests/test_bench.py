@@ -215,8 +215,8 @@ def test_seed_formulas_match_the_anchors():
 def test_presets():
     assert set(B.GPU_DEFAULT) <= set(B.PRESETS) and "cpu-small" in B.PRESETS
     ops = {w.op for w in B.workloads(["cpu-small"])}
-    assert ops == {"rms_norm", "rotary", "swiglu", "cross_entropy", "moe_router", "moe_experts", "load_balancing_loss",
-                   "attention"}
+    assert ops == {"rms_norm", "residual_rms_norm", "rotary", "swiglu", "cross_entropy", "moe_router", "moe_experts",
+                   "load_balancing_loss", "attention"}
     flce = {w.shape["tokens"] for p in ("flce-8k", "flce-16k", "flce-32k") for w in B.workloads([p])}
     assert flce == {8192, 16384, 32768}
     with pytest.raises(SystemExit, match="unknown preset 'nope'"):

@@ -15,7 +15,8 @@ import pytest
 import torch
 from veomni_ops.backends import reference
 
-HOOKS = ("rms_norm", "rotary", "swiglu", "cross_entropy", "moe_experts", "load_balancing_loss", "attention")
+HOOKS = ("rms_norm", "residual_rms_norm", "rotary", "swiglu", "cross_entropy", "moe_experts", "load_balancing_loss",
+         "attention")
 SPECS = [s for hook in HOOKS for s in getattr(reference, hook)()]
 
 
@@ -44,6 +45,8 @@ def example(spec):
     op, variant = spec.op, spec.variant
     if op == "rms_norm":
         return (lambda x, w: kernel(x, w, 1e-6)), [r(3, 5, 16), r(16)]
+    if op == "residual_rms_norm":
+        return (lambda x, res, w: kernel(x, res, w, 1e-6)), [r(3, 5, 16), r(3, 5, 16), r(16)]
     if op == "rotary":
         rdim = 8 if variant == "full" else 4
         cos, sin = torch.randn(1, 3, rdim).cos(), torch.randn(1, 3, rdim).sin()
@@ -79,7 +82,7 @@ def run(fn, inputs):
 
 
 def test_every_reference_spec_has_an_example():
-    assert len(SPECS) == 14  # 10 op/variant pairs with eager, plus sdpa, chunked, grouped_mm, flex_attention
+    assert len(SPECS) == 15  # 11 op/variant pairs with eager, plus sdpa, chunked, grouped_mm, flex_attention
     for spec in SPECS:
         example(spec)
 

@@ -256,6 +256,7 @@ def test_every_table_is_a_view_of_the_folders():
 CORE_KERNELS = {
     ("rms_norm", "standard"): {"eager"},
     ("rms_norm", "offset"): {"eager"},
+    ("residual_rms_norm", "standard"): {"eager"},
     ("rotary", "full"): {"eager"},
     ("rotary", "partial"): {"eager"},
     ("swiglu", "standard"): {"eager"},

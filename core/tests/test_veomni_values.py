@@ -19,7 +19,7 @@ from veomni_ops.config import FIELD_TO_OP, LegacyValueWarning
 from veomni_ops.discovery import build_registry
 from veomni_ops.registry import extra_of
 from veomni_ops.spec import OPS
-from veomni_ops.veomni import DEVICE_VALUES, NOT_PROVIDED, VEOMNI_DEFAULTS
+from veomni_ops.veomni import DEVICE_VALUES, NOT_IN_VEOMNI, NOT_PROVIDED, VEOMNI_DEFAULTS
 
 FIXTURES = Path(__file__).parent / "fixtures" / "veomni"
 CONFIGS = sorted(FIXTURES.glob("*.yaml"))
@@ -108,14 +108,18 @@ def test_veomni_defaults():
         warnings.simplefilter("error")  # asked for: no legacy warnings
         cfg = OpsConfig.veomni_defaults()
         assert cfg.to_dict() == VEOMNI_DEFAULTS
+        assert set(NOT_IN_VEOMNI) == {"moe_router_implementation", "residual_rms_norm_implementation"}
+        assert all(VEOMNI_DEFAULTS[f] == "eager" for f in NOT_IN_VEOMNI)  # the model's own code, as VeOmni runs
         assert OpsConfig.veomni_defaults(attn_implementation="sdpa").attn_implementation == "sdpa"
         gpu = cfg.for_device("cuda:9.0").to_dict()
     assert gpu == {"attn_implementation": "flash_attention_2", "rms_norm_implementation": "liger",
                    "rotary_pos_emb_implementation": "liger", "swiglu_mlp_implementation": "liger",
                    "cross_entropy_loss_implementation": "liger", "moe_implementation": "triton",
-                   "load_balancing_loss_implementation": "triton", "moe_router_implementation": "eager"}
+                   "load_balancing_loss_implementation": "triton", "moe_router_implementation": "eager",
+                   "residual_rms_norm_implementation": "eager"}
     npu = cfg.for_device("npu").to_dict()
-    assert npu == {**NPU_REWRITE, "attn_implementation": "npu", "moe_router_implementation": "eager"}  # VeOmni's flash attention there: npu_fusion_attention
+    assert npu == {**NPU_REWRITE, "attn_implementation": "npu", "moe_router_implementation": "eager",
+                   "residual_rms_norm_implementation": "eager"}  # VeOmni's flash attention there: npu_fusion_attention
     # a whole VeOmni config with defaults=veomni: what it writes, and VeOmni's defaults for the rest
     qwen3_moe = load(FIXTURES / "text__qwen3-moe.yaml", defaults="veomni")
     assert qwen3_moe.to_dict() == {**VEOMNI_DEFAULTS, "attn_implementation": "flash_attention_2",

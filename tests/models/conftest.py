@@ -44,6 +44,7 @@ def registry() -> veomni_ops.Registry:
 _WRAPPED = {
     ("rms_norm", "standard"): ("veomni_ops.kernels.rms_norm", "rms_norm_standard"),
     ("rms_norm", "offset"): ("veomni_ops.kernels.rms_norm", "rms_norm_offset"),
+    ("residual_rms_norm", "standard"): ("veomni_ops.ops.residual_rms_norm.kernel", "residual_rms_norm"),
     ("rotary", "full"): ("veomni_ops.kernels.rotary", "apply_rotary"),
     ("rotary", "partial"): ("veomni_ops.kernels.rotary", "apply_rotary"),
     ("swiglu", "standard"): ("veomni_ops.kernels.swiglu", "silu_mul"),

@@ -45,6 +45,7 @@ ALL_FIELDS = (
     "moe_implementation",
     "load_balancing_loss_implementation",
     "moe_router_implementation",
+    "residual_rms_norm_implementation",
 )
 ALL_EAGER = {f: "eager" for f in ALL_FIELDS}
 

@@ -338,11 +338,11 @@ def test_apply_on_a_bare_decoder_layer_binds_its_places_and_says_it_is_no_transf
     ref, model = pair("qwen3")
     layer = model.model.layers[0]
     binding = veomni_ops.apply(layer, ALL_EAGER, registry=registry, device="cpu")
-    assert binding.summary() == {"attention": 1, "rms_norm": 4, "swiglu": 1}
+    assert binding.summary() == {"residual_rms_norm": 1, "attention": 1, "rms_norm": 4, "swiglu": 1}
     assert binding.skipped == (("self_attn", "rotary", "the model has no rotary embedding module (a '*rotary_emb' "
                                                        "with inv_freq) to read the rotary dimension from"),)
     assert ("Qwen3DecoderLayer is not a transformers model and holds none: veomni-ops bound the places it "
-            "recognised by their structure (7, listed above)") in str(binding)
+            "recognised by their structure (8, listed above)") in str(binding)
     x = torch.randn(1, 5, 64)
     pe = model.model.rotary_emb(x, torch.arange(5)[None])
     torch.testing.assert_close(layer(x, position_embeddings=pe, attention_mask=None),

@@ -132,7 +132,8 @@ def test_a_rotary_that_is_not_the_contracts_is_left_with_why(fn, why, counting_r
     assert [p for p, _ in left] == ["model.layers.0.self_attn", "model.layers.1.self_attn"], binding
     assert all(f"its apply_rotary_pos_emb ({name}) {why}" in w for _, w in left), left
     assert "rotary" not in binding.summary() and binding.summary()["attention"] == 2
-    assert "2 left to the model's own code" in str(binding) and f"({name}) {why}" in str(binding)
+    # the two rotaries, and the two post-attention norms residual_rms_norm's (counting) kernel computes
+    assert "4 left to the model's own code" in str(binding) and f"({name}) {why}" in str(binding)
     binding.remove()
     with pytest.raises(BindingError, match="rotary_pos_emb_implementation='counting' at model.layers.0.self_attn: "
                                            f"its apply_rotary_pos_emb \\({name}\\) {why}"):

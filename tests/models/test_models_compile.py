@@ -69,6 +69,7 @@ def test_qwen3_moe_auto_plan_compiles_fullgraph(registry):
     kernels = {(e.op, e.variant): e.kernel for e in binding.plan.entries}
     assert kernels == {
         ("rms_norm", "standard"): "eager",
+        ("residual_rms_norm", "standard"): "eager",
         ("rotary", "full"): "eager",
         ("attention", "standard"): "sdpa",
         ("moe_router", "standard"): "eager",

@@ -48,11 +48,13 @@ def test_teacher_eager_student_counting(counting_registry, counter):
     torch.testing.assert_close(teacher_eager.loss, before.loss, atol=1e-5, rtol=1e-5)
 
     # The student calls its kernels: per forward, every norm, rotary and attention of both
-    # layers, both experts blocks, one CE and one aux loss.
+    # layers (each layer's residual add and post-attention norm in one fused kernel), both
+    # experts blocks, one CE and one aux loss.
     out = student(**b, **kw)
     n_norms = sum(1 for m in student.modules() if type(m).__name__.endswith("RMSNorm"))
     assert dict(counter) == {
-        ("rms_norm", "standard"): n_norms,
+        ("rms_norm", "standard"): n_norms - 2,
+        ("residual_rms_norm", "standard"): 2,
         ("rotary", "full"): 2,
         ("attention", "standard"): 2,
         ("moe_router", "standard"): 2,

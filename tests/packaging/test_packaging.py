@@ -156,7 +156,7 @@ def test_core_wheel_ships_and_loads_its_reference_backend(pkg, dump_all, needs_r
     rec = record(dump_all, "eager")
     assert (rec["distribution"], rec["status"]) == ("veomni-ops", "loaded"), rec
     ops = {op for op, _variant, name in kernels_of(dump_all, "veomni-ops") if name == "eager"}
-    assert ops == {"rms_norm", "rotary", "swiglu", "cross_entropy", "moe_router", "moe_experts",
+    assert ops == {"rms_norm", "residual_rms_norm", "rotary", "swiglu", "cross_entropy", "moe_router", "moe_experts",
                    "load_balancing_loss", "attention"}, ops
 
 
@@ -203,7 +203,7 @@ def test_misspelt_hook_is_an_error_naming_it(dump_all) -> None:
         "vo-misspelt-hook", "0.1.0", "hooks", "PluginHookError")
     assert "unknown hook 'rms_nrom'" in f["message"], f["message"]
     assert f["message"].endswith(
-        "(the hooks a backend may implement are: rms_norm, rotary, swiglu, cross_entropy, moe_router, "
+        "(the hooks a backend may implement are: rms_norm, residual_rms_norm, rotary, swiglu, cross_entropy, moe_router, "
         "moe_experts, load_balancing_loss, attention)"), f["message"]
     assert kernels_of(dump_all, "vo-misspelt-hook") == set()
 
@@ -639,7 +639,7 @@ def test_cli_resolve_for_another_device(pkg, needs_reference) -> None:
         assert ("rms_norm", "offset") not in got  # hopper_only provides only "standard"
         assert (got[("swiglu", "standard")]["kernel"], got[("swiglu", "standard")]["distribution"]) == (
             "acme", "vo-good-backend")
-        assert {op for op, _ in got} == {"rms_norm", "rotary", "swiglu", "cross_entropy", "moe_router",
+        assert {op for op, _ in got} == {"rms_norm", "residual_rms_norm", "rotary", "swiglu", "cross_entropy", "moe_router",
                                          "moe_experts", "load_balancing_loss", "attention"}
     table = pkg.cli("resolve", str(cfg), "--device", "cuda:9.0", env=NO_DUP)
     assert table.returncode == 0

@@ -80,6 +80,8 @@ class OpsConfig:
     load_balancing_loss_implementation: str = AUTO
     # veomni-ops' own: VeOmni's OpsImplementationConfig has no router field (veomni.NOT_IN_VEOMNI).
     moe_router_implementation: str = AUTO
+    #: not a VeOmni field (VeOmni has no fused residual add + norm): last, after VeOmni's own
+    residual_rms_norm_implementation: str = AUTO
     unmanaged: tuple[tuple[str, str], ...] = field(default=())
 
     def __post_init__(self) -> None:

@@ -48,8 +48,9 @@ VEOMNI_DEFAULTS: Mapping[str, str] = {
     "swiglu_mlp_implementation": "liger_kernel",
     "rotary_pos_emb_implementation": "liger_kernel",
     "load_balancing_loss_implementation": "triton",
-    # Not a VeOmni field (NOT_IN_VEOMNI): VeOmni runs the model's own router, which is eager here.
+    # Not VeOmni fields (NOT_IN_VEOMNI): VeOmni runs the model's own code there, which is eager here.
     "moe_router_implementation": "eager",
+    "residual_rms_norm_implementation": "eager",
 }
 
 #: veomni-ops fields VeOmni's ``OpsImplementationConfig`` has no field for -> what VeOmni runs
@@ -58,6 +59,8 @@ VEOMNI_DEFAULTS: Mapping[str, str] = {
 NOT_IN_VEOMNI: Mapping[str, str] = {
     "moe_router_implementation": "VeOmni has no router field: it runs the model's own router code (transformers' "
                                  "Qwen3MoeTopKRouter.forward), which is the eager kernel here",
+    "residual_rms_norm_implementation": "VeOmni has no fused residual add + norm field: it runs the decoder layer's "
+                                        "own add and post-attention norm, which is the eager kernel here",
 }
 
 #: The ways a config may fill omitted fields: ``auto`` (ours) or ``veomni`` (VeOmni's defaults).

@@ -28,7 +28,7 @@ class RebindError(ValueError):
 
 
 def copy_with_globals(fn: Callable[..., Any], overrides: Mapping[str, Any],
-                      memo: dict[Hashable, Any] | None = None) -> Callable[..., Any]:
+                      memo: dict[Hashable, Any] | None = None, code: types.CodeType | None = None) -> Callable[..., Any]:
     """A copy of ``fn`` whose module globals are overridden; nothing module-level is changed.
 
     A decorated function (``functools.wraps``: ``fn.__wrapped__`` is the function it wraps)
@@ -42,18 +42,22 @@ def copy_with_globals(fn: Callable[..., Any], overrides: Mapping[str, Any],
     with the same code but other globals would hit the cache and not find them (``NameError:
     __compiled_fn_...``). ``memo`` (one dict per binding): copies of the same function with the
     same override objects are one function, so the layers of a model share one compiled code.
+
+    ``code``: the innermost copy runs this code object instead of a copy of its own (a rewritten
+    body of the same function, with the same free variables), inside the same decorators.
     """
-    key = (id(fn), tuple(sorted((k, id(v)) for k, v in overrides.items())))
+    key = (id(fn), tuple(sorted((k, id(v)) for k, v in overrides.items())), id(code))
     if memo is not None and key in memo:
         return memo[key][0]
     inner = getattr(fn, "__wrapped__", None)
-    new = _copy_plain(fn, overrides) if inner is None else _copy_wrapper(fn, inner, overrides)
+    new = _copy_plain(fn, overrides, code) if inner is None else _copy_wrapper(fn, inner, overrides, code)
     if memo is not None:
-        memo[key] = (new, fn, tuple(overrides.values()))  # the objects whose ids make the key stay alive
+        memo[key] = (new, fn, tuple(overrides.values()), code)  # the objects whose ids make the key stay alive
     return new
 
 
-def _copy_wrapper(fn: Callable[..., Any], inner: Callable[..., Any], overrides: Mapping[str, Any]) -> Callable[..., Any]:
+def _copy_wrapper(fn: Callable[..., Any], inner: Callable[..., Any], overrides: Mapping[str, Any],
+                  code: types.CodeType | None) -> Callable[..., Any]:
     cells = fn.__closure__ or ()
     held = [i for i, c in enumerate(cells) if _cell_contents(c) is inner]
     if len(held) != 1:
@@ -61,7 +65,7 @@ def _copy_wrapper(fn: Callable[..., Any], inner: Callable[..., Any], overrides: 
             f"{fn.__module__}.{fn.__qualname__} is wrapped by a decorator that does not keep the wrapped function "
             "in its closure; veomni-ops cannot redirect the globals it calls"
         )
-    new_inner = copy_with_globals(inner, overrides)
+    new_inner = copy_with_globals(inner, overrides, code=code)
     new_cells = tuple(types.CellType(new_inner) if i == held[0] else c for i, c in enumerate(cells))
     new = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, new_cells)
     new.__dict__.update(fn.__dict__)
@@ -129,7 +133,7 @@ def _copy_names(src, dst) -> None:
     dst.__doc__ = src.__doc__
 
 
-def _copy_plain(fn, overrides: Mapping[str, Any]):
+def _copy_plain(fn, overrides: Mapping[str, Any], code: types.CodeType | None = None):
     g = dict(fn.__globals__)
     g.update(overrides)
     # No ``__name__``: torch._dynamo resolves the globals of a function whose globals carry a
@@ -138,6 +142,7 @@ def _copy_plain(fn, overrides: Mapping[str, Any]):
     # dict itself.
     g.pop("__name__", None)
     # A code object of its own: see copy_with_globals.
-    new = types.FunctionType(fn.__code__.replace(), g, fn.__name__, fn.__defaults__, fn.__closure__)
+    new = types.FunctionType(fn.__code__.replace() if code is None else code, g, fn.__name__, fn.__defaults__,
+                             fn.__closure__)
     _copy_names(fn, new)
     return new

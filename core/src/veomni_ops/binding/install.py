@@ -74,18 +74,31 @@ def _signature_of(fn: Callable[..., Any], original: Callable[..., Any]) -> Calla
     return fn
 
 
-def bind(model: nn.Module, plan: KernelPlan, places: list[Place], skipped, notes: list[str],
-          skip_logits: bool | None) -> Binding:
-    # Everything is picked and built before the model is touched: a plan that lacks a kernel,
-    # or a forward that cannot be rebound, leaves the model as it was, not half bound.
-    edits = Edits(skip_logits=skip_logits)
+def _bind_places(plan: KernelPlan, places: list[Place], edits: Edits
+                 ) -> tuple[list[tuple[str, str, str, str]], list[tuple[str, str, str]]]:
+    """Each place's kernel, recorded in ``edits`` by its op's binder: (the places bound, those a
+    fused kernel bound at a parent module took over, with why: ``Edits.taken``). Places come
+    parent module first (``named_modules``' order), so a takeover precedes the child's place."""
     bound: list[tuple[str, str, str, str]] = []
+    taken: list[tuple[str, str, str]] = []
     for p in places:
+        if id(p.module) in edits.taken:
+            taken.append((p.path, p.op, edits.taken[id(p.module)]))
+            continue
         variant, entry, kernel = _pick(plan, p.op, p.variant)
         p.info["kernel_name"] = entry.kernel
         p.info["chosen_variant"] = variant
         BY_OP[p.op].bind(p, kernel, edits)
         bound.append((p.path, p.op, variant, entry.kernel))
+    return bound, taken
+
+
+def bind(model: nn.Module, plan: KernelPlan, places: list[Place], skipped, notes: list[str],
+          skip_logits: bool | None) -> Binding:
+    # Everything is picked and built before the model is touched: a plan that lacks a kernel,
+    # or a forward that cannot be rebound, leaves the model as it was, not half bound.
+    edits = Edits(skip_logits=skip_logits)
+    bound, taken = _bind_places(plan, places, edits)
     for m, overrides in edits.globals.values():
         try:
             edits.forwards.append((m, copy_with_globals(type(m).forward, overrides, edits.memo)))
@@ -119,4 +132,4 @@ def bind(model: nn.Module, plan: KernelPlan, places: list[Place], skipped, notes
         had = "forward" in m.__dict__
         undo.forwards.append((m, had, m.__dict__.get("forward")))
         m.forward = types.MethodType(fn, m)
-    return Binding(plan, tuple(bound), skipped, tuple(notes), undo)
+    return Binding(plan, tuple(bound), (*skipped, *taken), tuple(notes), undo)

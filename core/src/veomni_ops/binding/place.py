@@ -63,6 +63,11 @@ class Edits:
     #: per causal-LM head (by id of its module): "module", "ce" -> (variant, kernel), "lbl" -> kernel
     head: dict[int, dict[str, Any]] = field(default_factory=dict)
 
+    #: per module (by id): why another op's kernel computes what it did (a fused kernel took over a
+    #: norm the layer no longer calls); its own place is then not bound but listed as skipped. Set
+    #: by the binder of a module that holds it: binding goes through places parent first
+    taken: dict[int, str] = field(default_factory=dict)
+
     #: ``apply``'s ``skip_logits``, for the causal-LM head
     skip_logits: bool | None = None
 

@@ -64,6 +64,7 @@ from ..ops.cross_entropy.checks import (
 )
 from ..ops.moe_experts.checks import NO_EXPERT, check_expert_index, check_moe_inputs
 from ..ops.moe_router.checks import check_moe_router_inputs
+from ..ops.residual_rms_norm.checks import check_residual_rms_norm_inputs
 from ..ops.rms_norm.checks import check_rms_norm_inputs
 from ..ops.rotary.checks import check_rotary_inputs
 from ..ops.swiglu.checks import check_swiglu_inputs
@@ -111,6 +112,7 @@ __all__ = [
     "check_moe_inputs",
     "check_moe_router_inputs",
     "check_ndim",
+    "check_residual_rms_norm_inputs",
     "check_rms_norm_inputs",
     "check_rotary_inputs",
     "check_swiglu_inputs",
@@ -190,6 +192,11 @@ class BackendChecks:
 
     def check_rms_norm_inputs(self, hidden_states: torch.Tensor, weight: torch.Tensor, eps: float) -> float:
         return check_rms_norm_inputs(hidden_states, weight, eps, backend=self.backend, float_check=self.check_float)
+
+    def check_residual_rms_norm_inputs(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                                       eps: float) -> float:
+        return check_residual_rms_norm_inputs(x, residual, weight, eps, backend=self.backend,
+                                              float_check=self.check_float)
 
     def check_swiglu_inputs(self, gate: torch.Tensor, up: torch.Tensor) -> None:
         check_swiglu_inputs(gate, up, backend=self.backend, float_check=self.check_float)

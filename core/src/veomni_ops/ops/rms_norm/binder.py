@@ -35,7 +35,9 @@ def _probe_rms_variant(m: nn.Module, eps: float) -> str | None:
     return None
 
 
-def _find_rms_norm(path: str, m: nn.Module, survey: Survey) -> list[Place]:
+def find_rms_norm(path: str, m: nn.Module, survey: Survey) -> list[Place]:
+    """The RMSNorm place ``m`` is (``[]``: not an RMSNorm); ``NotBindable`` for a module that looks
+    like one but computes neither form. The fused ``residual_rms_norm`` recognises a layer's norms with it."""
     cls = type(m).__name__
     weight = getattr(m, "weight", None)
     if not (cls.endswith("RMSNorm") and isinstance(weight, torch.Tensor) and weight.dim() == 1):
@@ -63,4 +65,4 @@ def _bind_rms_norm(place: Place, kernel: Callable, edits: Edits) -> None:
     edits.forwards.append((place.module, forward))
 
 
-BINDER = Binder("rms_norm", _find_rms_norm, _bind_rms_norm)
+BINDER = Binder("rms_norm", find_rms_norm, _bind_rms_norm)

@@ -89,11 +89,13 @@ def _rms_norm_fwd_kernel(
         tl.store(RSTD + rows, rstd, mask=rmask)
 
 
+# ADD_DR: dx also gets DR, a gradient that reached the norm's input from elsewhere (the
+# residual stream of residual_rms_norm), added in fp32 before the one rounding to x's dtype.
 @triton.jit(do_not_specialize=["M", "blocks_per_prog"])
 def _rms_norm_bwd_kernel(
-    DY, X, W, RSTD, DX, DWP,
-    M, stride_dy, stride_x, blocks_per_prog,
-    N: tl.constexpr, OFFSET: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+    DY, X, W, RSTD, DX, DWP, DR,
+    M, stride_dy, stride_x, stride_dr, blocks_per_prog,
+    N: tl.constexpr, OFFSET: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, ADD_DR: tl.constexpr,
 ):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
@@ -141,6 +143,8 @@ def _rms_norm_bwd_kernel(
             acc += dy * xhat.to(DX.dtype.element_ty).to(tl.float32)
         c = tl.sum(g * xhat, axis=1) / N
         dx = (g - xhat * c[:, None]) * rstd[:, None]
+        if ADD_DR:
+            dx += tl.load(DR + cur_rows64[:, None] * stride_dr + cols[None, :], mask=cur_mask, other=0.0).to(tl.float32)
         tl.store(DX + cur_rows64[:, None] * N + cols[None, :], dx.to(DX.dtype.element_ty), mask=cur_mask)
     # a float32 partial row per program; with one program, dw itself (cast to its dtype on store)
     tl.store(DWP + pid * N + cols, tl.sum(acc, axis=0).to(DWP.dtype.element_ty), mask=cmask)
@@ -232,7 +236,7 @@ def column_sum_config(g: int, n: int) -> tuple[int, int, int]:
 # (``Tensor.get_device()``, -1 on the CPU under the interpreter). They are the bodies of both
 # the eager ``autograd.Function`` and the ``torch.library`` custom ops. Outputs are allocated
 # in their final shape (no ``view`` op on the way back).
-def _rows(t: torch.Tensor, n: int) -> tuple[torch.Tensor, int]:
+def rows_of(t: torch.Tensor, n: int) -> tuple[torch.Tensor, int]:
     """(``t`` readable as rows of ``n``, row stride); contiguous tensors as they are."""
     if t.is_contiguous():
         return t, n
@@ -247,7 +251,7 @@ def _launch_fwd(
     """(y in x's shape, rstd [M] fp32 (``y`` itself when not stored), x as the kernel read it)."""
     shape = x.shape
     n = shape[-1]
-    x, stride_x = _rows(x, n)
+    x, stride_x = rows_of(x, n)
     m = x.numel() // n
     y = x.new_empty(shape)
     # without autograd nobody reads rstd: not allocated, not written
@@ -263,15 +267,17 @@ def _launch_fwd(
     return y, rstd, x
 
 
-def _launch_bwd(
+def launch_bwd(
     dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, offset: bool, index: int,
-    shape: torch.Size,
+    shape: torch.Size, dres: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dx in ``shape``, dw); ``x`` as ``_launch_fwd`` returned it."""
+    """(dx in ``shape``, dw); ``x`` as the forward read it (rows), ``rstd`` its fp32 ``rstd``.
+    ``dres``: a gradient of ``x``'s shape that reached ``x`` from elsewhere, added to ``dx``."""
     n = shape[-1]
     m = rstd.shape[0]
-    dy, stride_dy = _rows(dy, n)
-    x, stride_x = _rows(x, n)
+    dy, stride_dy = rows_of(dy, n)
+    x, stride_x = rows_of(x, n)
+    dr, stride_dr = rows_of(dres, n) if dres is not None else (dy, stride_dy)
     dx = x.new_empty(shape)
     if m == 0:
         return dx, torch.zeros_like(weight)
@@ -284,8 +290,8 @@ def _launch_bwd(
     partial = dw if programs == 1 else x.new_empty((programs, n), dtype=torch.float32)
     launch(
         index, _rms_norm_bwd_kernel, (programs,),
-        dy, x, weight, rstd, dx, partial, m, stride_dy, stride_x, blocks_per_prog,
-        N=n, OFFSET=offset, ROWS=rows, BLOCK_N=block_n, num_warps=warps,
+        dy, x, weight, rstd, dx, partial, dr, m, stride_dy, stride_x, stride_dr, blocks_per_prog,
+        N=n, OFFSET=offset, ROWS=rows, BLOCK_N=block_n, ADD_DR=dres is not None, num_warps=warps,
     )
     if programs > 1:
         launch(
@@ -314,7 +320,7 @@ class _RMSNormFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
         x, weight, rstd = ctx.saved_tensors
-        dx, dw = _launch_bwd(dy, x, weight, rstd, ctx.offset, ctx.index, ctx.shape)
+        dx, dw = launch_bwd(dy, x, weight, rstd, ctx.offset, ctx.index, ctx.shape)
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         return (dx if need_x else None, dw if need_w else None, None, None, None, None)
 
@@ -338,7 +344,7 @@ def _(x, weight, eps, offset, batch_invariant):
 def _rms_norm_bwd(
     dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, offset: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _launch_bwd(dy, x, weight, rstd, offset, x.get_device(), x.shape)
+    return launch_bwd(dy, x, weight, rstd, offset, x.get_device(), x.shape)
 
 
 @_rms_norm_bwd.register_fake
@@ -372,22 +378,21 @@ _rms_norm_fwd.register_autograd(_backward, setup_context=_setup_context)
 _NAMES = ("hidden_states", "weight")
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: bool, batch_invariant: bool) -> torch.Tensor:
-    op = "rms_norm"
-    index = check_tensors(op, _NAMES, (x, weight))
-    shape = x.shape
+def norm_args(op: str, name: str, shape: torch.Size, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, float]:
+    """The checks every norm of this module makes on the shapes (``name``: the normalised input,
+    of ``shape``), the weight (made unit-stride) and ``eps`` (a float): (weight, eps)."""
     if not shape:
-        raise ValueError(f"{op} (triton): hidden_states must have at least one dimension, got a scalar")
+        raise ValueError(f"{op} (triton): {name} must have at least one dimension, got a scalar")
     n = shape[-1]
     if weight.shape != (n,):
         raise ValueError(
-            f"{op} (triton): weight has shape {tuple(weight.shape)} but hidden_states' last dimension is {n}; "
+            f"{op} (triton): weight has shape {tuple(weight.shape)} but {name}'s last dimension is {n}; "
             f"weight must be [{n}]"
         )
     if n == 0 or n > MAX_HIDDEN:
         raise ValueError(
             f"{op} (triton): hidden size {n} is outside what this kernel holds in registers (1..{MAX_HIDDEN}); "
-            "use another rms_norm implementation for this model"
+            f"use another {op} implementation for this model"
         )
     if type(eps) is not float:
         if not isinstance(eps, (int, float)) or isinstance(eps, bool):
@@ -397,6 +402,14 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: bool, b
         raise ValueError(f"{op} (triton): eps must be a non-negative float, got {eps!r}")
     if n > 1 and weight.stride(0) != 1:
         weight = weight.contiguous()  # the kernels read w with unit stride (a strided view is rare: copy it)
+    return weight, eps
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: bool, batch_invariant: bool) -> torch.Tensor:
+    index = check_tensors("rms_norm", _NAMES, (x, weight))
+    shape = x.shape
+    weight, eps = norm_args("rms_norm", "hidden_states", shape, weight, eps)
+    n = shape[-1]
     if eager_path(x, weight):
         # eager: the launchers directly, through a lean autograd node only when a gradient is due
         if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
