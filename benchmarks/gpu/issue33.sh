@@ -36,7 +36,7 @@ for s in "$@"; do
     mem|prof|moe) OUT=$RES bash benchmarks/gpu/issue24.sh "$s";;
     check) timeout $((left - 5)) python3 -m veomni_ops.cli check --backend veomni-triton --op "$a" > "$RES/check-$a.log" 2>&1
            tail -8 "$RES/check-$a.log"
-           (cd plugins/veomni-triton && timeout $((left - 5)) python3 -m pytest -q -p no:cacheprovider tests -k "$a" \
+           (cd plugins/veomni-triton && timeout $((left - 5)) python3 -m pytest -q -p no:cacheprovider tests -k "${a#moe_}" \
              > "$RES/pytest-$a.log" 2>&1); tail -3 "$RES/pytest-$a.log";;
     bench) timeout $((left - 5)) python3 -m veomni_ops.cli bench --preset "$a" --op "$b" --quiet --json "$RES/bench-$a.json" \
              > "$RES/bench-$a.out" 2> "$RES/bench-$a.log"; grep -E "^\| $b" "$RES/bench-$a.out" | cut -c1-220;;
