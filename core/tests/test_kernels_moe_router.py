@@ -136,6 +136,36 @@ def test_same_code_in_another_family_binds():
     assert place.left is None
 
 
+class _VeOmniStyleRouter(Qwen3MoeTopKRouter):
+    """VeOmni's generated Qwen3-MoE router: transformers' computation, torch.nn.functional spelled out."""
+
+    def forward(self, hidden_states: torch.Tensor):
+        hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+        # raw logits for the load-balancing loss; the softmax only picks the experts
+        router_logits = torch.nn.functional.linear(hidden_states, self.weight)
+        routing_weights = torch.nn.functional.softmax(router_logits, dtype=torch.float, dim=-1)
+        router_top_value, router_indices = torch.topk(routing_weights, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            router_top_value /= router_top_value.sum(dim=-1, keepdim=True)
+        router_top_value = router_top_value.to(router_logits.dtype)
+        return router_logits, router_top_value, router_indices
+
+
+def test_veomnis_generated_router_binds_and_computes_the_same():
+    from veomni_ops.binding.place import Edits
+    from veomni_ops.ops.moe_router.binder import BINDER
+
+    r = _VeOmniStyleRouter(transformers.Qwen3MoeConfig(hidden_size=16, num_experts=12, num_experts_per_tok=3))
+    nn.init.normal_(r.weight, generator=torch.Generator().manual_seed(0))
+    (place,) = _places(r)
+    assert place.left is None
+    edits = Edits()
+    BINDER.bind(place, moe_router, edits)
+    module, forward = edits.forwards[0]
+    h = torch.randn(2, 5, 16)
+    assert all(torch.equal(a, b) for a, b in zip(forward(module, h), r(h)))
+
+
 def test_routers_with_other_code_are_left_with_why():
     from transformers.models.mixtral.modeling_mixtral import MixtralTopKRouter
 

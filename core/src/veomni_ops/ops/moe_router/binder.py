@@ -21,7 +21,8 @@ from ...binding.functions import function_globals
 from ...binding.place import Binder, Edits, Place, Survey
 
 #: The forward a router must have, as transformers v5 writes it (qwen3_moe, qwen2_moe, olmoe,
-#: qwen3_next): compared by syntax tree, so comments, spacing and local names do not matter.
+#: qwen3_next), or as VeOmni's generated modeling writes it (below): compared by syntax tree, so
+#: comments, spacing and local names do not matter.
 CONTRACT_FORWARD = """
 def forward(self, hidden_states):
     hidden_states = hidden_states.reshape(-1, self.hidden_dim)
@@ -69,7 +70,21 @@ def _shape(source: str) -> str | None:
     return ast.dump(_Locals(assigned | {a.arg for a in fn.args.args}).visit(fn))
 
 
-_CONTRACT = _shape(CONTRACT_FORWARD)
+#: VeOmni's generated router (``veomni.models.transformers.qwen3_moe``'s patched modeling): the same
+#: computation, written with ``torch.nn.functional.linear`` and without the ``router_scores`` alias.
+VEOMNI_FORWARD = """
+def forward(self, hidden_states):
+    hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+    router_logits = torch.nn.functional.linear(hidden_states, self.weight)
+    routing_weights = torch.nn.functional.softmax(router_logits, dtype=torch.float, dim=-1)
+    router_top_value, router_indices = torch.topk(routing_weights, self.top_k, dim=-1)
+    if self.norm_topk_prob:
+        router_top_value /= router_top_value.sum(dim=-1, keepdim=True)
+    router_top_value = router_top_value.to(router_logits.dtype)
+    return router_logits, router_top_value, router_indices
+"""
+
+_CONTRACTS = {_shape(CONTRACT_FORWARD), _shape(VEOMNI_FORWARD)}
 
 
 def code_problem(forward: Callable) -> str | None:
@@ -79,11 +94,13 @@ def code_problem(forward: Callable) -> str | None:
         source = inspect.getsource(inspect.unwrap(forward))
     except (OSError, TypeError):
         return f"the source of its forward ({name}) is not available to check against the contract's router code"
-    if _shape(source) != _CONTRACT:
+    shape = _shape(source)
+    if shape not in _CONTRACTS:
         return (f"its forward ({name}) is not the contract's router code (softmax in float32, topk, renormalised "
                 "when norm_topk_prob, cast to the logits' dtype), so a router kernel would change what it computes")
     globs = function_globals(forward)
-    if globs.get("F") is not F or globs.get("torch") is not torch:
+    uses_f = shape == _shape(CONTRACT_FORWARD)  # VeOmni's form spells torch.nn.functional out
+    if globs.get("torch") is not torch or (uses_f and globs.get("F") is not F):
         return f"its forward ({name}) names F and torch that are not torch.nn.functional and torch"
     return None
 
