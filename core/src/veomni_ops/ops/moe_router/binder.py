@@ -84,7 +84,8 @@ def forward(self, hidden_states):
     return router_logits, router_top_value, router_indices
 """
 
-_CONTRACTS = {_shape(CONTRACT_FORWARD), _shape(VEOMNI_FORWARD)}
+#: transformers' form (which names ``F``) and VeOmni's (which spells torch.nn.functional out).
+_TRANSFORMERS, _VEOMNI = _shape(CONTRACT_FORWARD), _shape(VEOMNI_FORWARD)
 
 
 def code_problem(forward: Callable) -> str | None:
@@ -95,12 +96,11 @@ def code_problem(forward: Callable) -> str | None:
     except (OSError, TypeError):
         return f"the source of its forward ({name}) is not available to check against the contract's router code"
     shape = _shape(source)
-    if shape not in _CONTRACTS:
+    if shape not in (_TRANSFORMERS, _VEOMNI):
         return (f"its forward ({name}) is not the contract's router code (softmax in float32, topk, renormalised "
                 "when norm_topk_prob, cast to the logits' dtype), so a router kernel would change what it computes")
     globs = function_globals(forward)
-    uses_f = shape == _shape(CONTRACT_FORWARD)  # VeOmni's form spells torch.nn.functional out
-    if globs.get("torch") is not torch or (uses_f and globs.get("F") is not F):
+    if globs.get("torch") is not torch or (shape == _TRANSFORMERS and globs.get("F") is not F):
         return f"its forward ({name}) names F and torch that are not torch.nn.functional and torch"
     return None
 
