@@ -10,7 +10,8 @@
 #   mem:NAME / prof:NAME / moe   issue24.sh's steps of those names
 #   check:OP          veomni-ops check --backend veomni-triton --op OP, then the plugin's tests of OP on the GPU
 #   bench:PRESET:OP   veomni-ops bench --preset PRESET --op OP (every usable kernel of OP, eager included)
-#   compare:A:B       veomni-ops train examples/A.yaml --compare examples/B.yaml --json (same seed and data)
+#   compare:A:B       veomni-ops train examples/A.yaml --compare examples/B.yaml --json (same seed and data; A runs
+#                     first: compare:A:A and compare:B:A measure what the order alone does)
 # A step is skipped once fewer than 60 s are left of DEADLINE (epoch seconds; default now + 540).
 set -u
 OUT=${OUT:-$PWD/gpu-results}; RES=$OUT/i33; mkdir -p "$RES"
@@ -41,7 +42,7 @@ for s in "$@"; do
     bench) timeout $((left - 5)) python3 -m veomni_ops.cli bench --preset "$a" --op "$b" --quiet --json "$RES/bench-$a.json" \
              > "$RES/bench-$a.out" 2> "$RES/bench-$a.log"; grep -E "^\| $b" "$RES/bench-$a.out" | cut -c1-220;;
     compare) timeout $((left - 5)) python3 -m veomni_ops.cli train "examples/$a.yaml" --steps "$STEPS" --compare "examples/$b.yaml" \
-             --json > "$RES/compare-$b.json" 2> "$RES/compare-$b.log"; tail -4 "$RES/compare-$b.log";;
+             --json > "$RES/compare-$a-vs-$b.json" 2> "$RES/compare-$a-vs-$b.log"; grep "^done:" "$RES/compare-$a-vs-$b.log";;
     *) echo "unknown step $s";;
   esac
   echo "[i33]   ($s took $(( $(date +%s) - t0 )) s)"

@@ -50,7 +50,7 @@ def test_backward_matches_float64_autograd(device, dtype, normalize):
     assert_close(w, w64, OP, "weights")
     assert_close(x.grad, dx64, OP, "grad logits")
     if normalize:
-        assert torch.allclose(w.double().sum(-1), torch.ones(t, dtype=torch.float64), atol=1e-2)
+        assert torch.allclose(w.double().sum(-1), torch.ones(t, dtype=torch.float64, device=device), atol=1e-2)
 
 
 def test_ties_take_the_lowest_index_first(device):
