@@ -43,6 +43,19 @@ def tune_candidates(G) -> dict:
     return {kind: [G(*v) for v in vals] for kind, vals in c.items()}
 
 
+def moe_inputs(t: int, h: int, inter: int, e: int, k: int, dev, dtype) -> tuple[torch.Tensor, ...]:
+    """``(x, indices, weights, gate_up_proj, down_proj, grad_out)`` as in the benchmark: routing
+    from a softmax over random logits (top-k, renormalised), weights scaled by fan-in."""
+    logits = torch.randn(t, e, device=dev)
+    w, idx = torch.softmax(logits, -1).topk(k, dim=-1)
+    w = (w / w.sum(-1, keepdim=True)).to(dtype)
+    x = torch.randn(t, h, device=dev, dtype=dtype)
+    gate_up = (torch.randn(e, 2 * inter, h, device=dev) * h**-0.5).to(dtype)
+    down = (torch.randn(e, h, inter, device=dev) * inter**-0.5).to(dtype)
+    grad = torch.randn(t, h, device=dev, dtype=dtype)
+    return x, idx.contiguous(), w.contiguous(), gate_up, down, grad
+
+
 def tune_moe() -> None:
     """Each GEMM kernel of moe_experts alone, per candidate tile configuration (do_bench median).
 
@@ -57,15 +70,9 @@ def tune_moe() -> None:
     t, h, inter, e, k = pick((8192, 2048, 768, 128, 8), (64, 64, 48, 8, 4))
     dtype = torch.bfloat16
     dev = "cpu" if SMOKE else "cuda"
-    logits = torch.randn(t, e, device=dev)
-    w, idx = torch.softmax(logits, -1).topk(k, dim=-1)
-    w = (w / w.sum(-1, keepdim=True)).to(dtype)
-    x = torch.randn(t, h, device=dev, dtype=dtype)
-    gate_up = (torch.randn(e, 2 * inter, h, device=dev) * h**-0.5).to(dtype)
-    down = (torch.randn(e, h, inter, device=dev) * inter**-0.5).to(dtype)
-    grad = torch.randn(t, h, device=dev, dtype=dtype)
+    x, idx, w, gate_up, down, grad = moe_inputs(t, h, inter, e, k, dev, dtype)
     tk = t * k
-    _out, gu, hw, perm, offs = M._moe_fwd(x, idx.contiguous(), w.contiguous(), gate_up, down, True)
+    _out, gu, hw, perm, offs = M._moe_fwd(x, idx, w, gate_up, down, True)
     tiles = M._Tiles(offs, tk, e)
     dgu = (torch.randn(tk, 2 * inter, device=dev) * 0.1).to(dtype)
     gu2, hw2, dgu2 = torch.empty_like(gu), torch.empty_like(hw), torch.empty_like(dgu)

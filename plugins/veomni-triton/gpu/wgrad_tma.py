@@ -33,6 +33,7 @@ import torch
 import triton
 import triton.language as tl
 from _setup import SMOKE, device, pick
+from tune_moe import moe_inputs
 from veomni_triton.kernels.moe_kernels import _to_out
 
 
@@ -165,14 +166,8 @@ def main() -> int:
     t, h, inter, e, k = pick((8192, 2048, 768, 128, 8), (64, 64, 48, 8, 4))
     dt = torch.bfloat16
     torch.manual_seed(0)
-    logits = torch.randn(t, e, device=dev)
-    w, idx = torch.softmax(logits, -1).topk(k, dim=-1)
-    w = (w / w.sum(-1, keepdim=True)).to(dt)
-    x = torch.randn(t, h, device=dev, dtype=dt)
-    gate_up = (torch.randn(e, 2 * inter, h, device=dev) * h**-0.5).to(dt)
-    down = (torch.randn(e, h, inter, device=dev) * inter**-0.5).to(dt)
-    grad = torch.randn(t, h, device=dev, dtype=dt)
-    _out, _gu, hw, perm, offs = M._moe_fwd(x, idx.contiguous(), w.contiguous(), gate_up, down, True)
+    x, idx, w, gate_up, down, grad = moe_inputs(t, h, inter, e, k, dev, dt)
+    _out, _gu, hw, perm, offs = M._moe_fwd(x, idx, w, gate_up, down, True)
     tk = t * k
     dgu = (torch.randn(tk, 2 * inter, device=dev) * 0.1).to(dt)
     tma_configs = [(16, 32, 16, 4, 1)] if SMOKE else TMA_CONFIGS
