@@ -43,6 +43,19 @@ def tune_candidates(G) -> dict:
     return {kind: [G(*v) for v in vals] for kind, vals in c.items()}
 
 
+def timed(fn) -> float:
+    """Median milliseconds of ``fn`` (``triton.testing.do_bench``); in a smoke run one timed call
+    (the interpreter: nothing worth reading)."""
+    if SMOKE:
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+    import triton.testing
+
+    torch.cuda.synchronize()
+    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
 def moe_inputs(t: int, h: int, inter: int, e: int, k: int, dev, dtype) -> tuple[torch.Tensor, ...]:
     """``(x, indices, weights, gate_up_proj, down_proj, grad_out)`` as in the benchmark: routing
     from a softmax over random logits (top-k, renormalised), weights scaled by fan-in."""
@@ -64,7 +77,6 @@ def tune_moe() -> None:
     to slowest, then the table the fastest ones make (``_TABLE_SM90`` in kernels/moe.py).
     """
     import triton
-    import triton.testing
     from veomni_triton.kernels import moe as M
 
     t, h, inter, e, k = pick((8192, 2048, 768, 128, 8), (64, 64, 48, 8, 4))
@@ -111,14 +123,7 @@ def tune_moe() -> None:
             fn, flops = launch[kind]
             try:
                 fn(cfg)
-                if SMOKE:
-                    t0 = time.perf_counter()
-                    fn(cfg)
-                    ms = (time.perf_counter() - t0) * 1e3
-                else:
-                    torch.cuda.synchronize()
-                    ms = float(triton.testing.do_bench(lambda fn=fn, cfg=cfg: fn(cfg), warmup=25, rep=100,
-                                                       return_mode="median"))
+                ms = timed(lambda fn=fn, cfg=cfg: fn(cfg))
                 results.append((ms, tag, f"{flops / (ms * 1e-3) / 1e12:.0f} TFLOP/s"))
             except Exception as ex:  # out of resources etc.: next candidate
                 results.append((float("inf"), tag, f"ERROR {type(ex).__name__}: {str(ex)[:120]}"))

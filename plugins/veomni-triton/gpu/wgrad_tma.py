@@ -27,13 +27,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 
 import torch
 import triton
 import triton.language as tl
 from _setup import SMOKE, device, pick
-from tune_moe import moe_inputs
+from tune_moe import moe_inputs, timed
 from veomni_triton.kernels.moe_kernels import _to_out
 
 
@@ -102,16 +101,6 @@ TMA_CONFIGS = [(128, 128, 64, 4, 3), (128, 128, 64, 4, 4), (128, 128, 64, 8, 4),
 def reference(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, e: int) -> torch.Tensor:
     o = offs.tolist()
     return torch.stack([a[o[i]:o[i + 1]].float().T @ b[o[i]:o[i + 1]].float() for i in range(e)])
-
-
-def timed(fn) -> float:
-    """Median milliseconds of ``fn`` (one untimed call in a smoke run: the interpreter)."""
-    if SMOKE:
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
-    torch.cuda.synchronize()
-    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
 
 
 def one_gemm(M, gname: str, a: torch.Tensor, a_g: bool, b: torch.Tensor, b_g: bool, shape, perm: torch.Tensor,
