@@ -12,7 +12,7 @@
 #   bench:PRESET:OP   veomni-ops bench --preset PRESET --op OP (every usable kernel of OP, eager included)
 #   compare:A:B       veomni-ops train examples/A.yaml --compare examples/B.yaml --json (same seed and data; A runs
 #                     first: compare:A:A and compare:B:A measure what the order alone does)
-#   wgrad             plugins/veomni-triton/gpu/wgrad_tma.py: the experts' weight gradients through TMA on gathered rows
+#   tma               plugins/veomni-triton/gpu/moe_tma.py: the experts' weight-gradient and dh GEMMs through TMA on gathered rows
 #   host              benchmarks/gpu/host_time.py: host time per call of the fusions' wrappers beside eager's
 # A step is skipped once fewer than 60 s are left of DEADLINE (epoch seconds; default now + 540).
 set -u
@@ -45,8 +45,8 @@ for s in "$@"; do
              > "$RES/bench-$a.out" 2> "$RES/bench-$a.log"; grep -E "^\| $b" "$RES/bench-$a.out" | cut -c1-220;;
     compare) timeout $((left - 5)) python3 -m veomni_ops.cli train "examples/$a.yaml" --steps "$STEPS" --compare "examples/$b.yaml" \
              --json > "$RES/compare-$a-vs-$b.json" 2> "$RES/compare-$a-vs-$b.log"; grep "^done:" "$RES/compare-$a-vs-$b.log";;
-    wgrad) timeout $((left - 5)) python3 plugins/veomni-triton/gpu/wgrad_tma.py --json "$RES/wgrad-tma.json" \
-             > "$RES/wgrad-tma.log" 2>&1; tail -24 "$RES/wgrad-tma.log";;
+    tma) timeout $((left - 5)) python3 plugins/veomni-triton/gpu/moe_tma.py --json "$RES/moe-tma.json" \
+           > "$RES/moe-tma.log" 2>&1; tail -40 "$RES/moe-tma.log";;
     host) timeout $((left - 5)) python3 benchmarks/gpu/host_time.py --json "$RES/host.json" > "$RES/host.log" 2>&1
           tail -6 "$RES/host.log";;
     *) echo "unknown step $s";;

@@ -206,6 +206,32 @@ def grouped_scatter_kernel(
 
 
 @triton.jit
+def _dh_epilogue(acc, rows, rmask, route, offs_n, nmask, rw_ptr, gu_ptr, dgu_ptr, dwp_ptr, INTER, num_n, pid_n,
+                 UPCAST: tl.constexpr):
+    """The SiLU·up backward of one ``dhu`` tile ``acc`` (see ``dh_bwd_kernel``): ``dwp[route, pid_n]``
+    and ``dgu[row] = [dg | du]``. Called once per program, after the main loop."""
+    rows64 = rows.to(tl.int64)
+    smask = rmask[:, None] & nmask[None, :]
+    gu_ptrs = gu_ptr + rows64[:, None] * (2 * INTER) + offs_n[None, :]
+    # ordered so that few [BLOCK_M, BLOCK_N] fp32 temporaries are live at once (an sm90 compile
+    # of the straightforward order spilled); masked entries have g = u = 0 and add nothing
+    g = tl.load(gu_ptrs, mask=smask, other=0.0).to(tl.float32)
+    sig = 1.0 / (1.0 + tl.exp(-g))
+    sacc = acc * sig
+    rw = tl.load(rw_ptr + route, mask=rmask, other=0.0).to(tl.float32)
+    u = tl.load(gu_ptrs + INTER, mask=smask, other=0.0).to(tl.float32)
+    hacc = sacc * g  # silu(g) * dhu
+    dwp = tl.sum(hacc * u, axis=1)  # this tile's share of <silu(g)*u, dhu> = <y_r, grad_out_t>
+    tl.store(dwp_ptr + route.to(tl.int64) * num_n + pid_n, dwp, mask=rmask)
+    du = hacc * rw[:, None]  # w_r * dhu * silu(g)
+    dg = sacc * rw[:, None] * u * (1.0 + g * (1.0 - sig))  # w_r * dhu * u * silu'(g)
+    out_dtype = dgu_ptr.dtype.element_ty
+    dgu_ptrs = dgu_ptr + rows64[:, None] * (2 * INTER) + offs_n[None, :]
+    tl.store(dgu_ptrs, _to_out(dg, out_dtype, UPCAST), mask=smask)
+    tl.store(dgu_ptrs + INTER, _to_out(du, out_dtype, UPCAST), mask=smask)
+
+
+@triton.jit
 def dh_bwd_kernel(
     go_ptr, perm_ptr, rw_ptr, wd_ptr, offs_ptr, tile_expert_ptr, tile_start_ptr, gu_ptr, dgu_ptr, dwp_ptr,
     E, INTER, H,
@@ -257,25 +283,7 @@ def dh_bwd_kernel(
             acc = tl.dot(a, b, acc, input_precision=PREC)
         a_ptrs += BLOCK_K * stride_gh
         b_ptrs += BLOCK_K * stride_wh
-    rows64 = rows.to(tl.int64)
-    smask = rmask[:, None] & nmask[None, :]
-    gu_ptrs = gu_ptr + rows64[:, None] * (2 * INTER) + offs_n[None, :]
-    # ordered so that few [BLOCK_M, BLOCK_N] fp32 temporaries are live at once (an sm90 compile
-    # of the straightforward order spilled); masked entries have g = u = 0 and add nothing
-    g = tl.load(gu_ptrs, mask=smask, other=0.0).to(tl.float32)
-    sig = 1.0 / (1.0 + tl.exp(-g))
-    sacc = acc * sig
-    rw = tl.load(rw_ptr + route, mask=rmask, other=0.0).to(tl.float32)
-    u = tl.load(gu_ptrs + INTER, mask=smask, other=0.0).to(tl.float32)
-    hacc = sacc * g  # silu(g) * dhu
-    dwp = tl.sum(hacc * u, axis=1)  # this tile's share of <silu(g)*u, dhu> = <y_r, grad_out_t>
-    tl.store(dwp_ptr + route.to(tl.int64) * num_n + pid_n, dwp, mask=rmask)
-    du = hacc * rw[:, None]  # w_r * dhu * silu(g)
-    dg = sacc * rw[:, None] * u * (1.0 + g * (1.0 - sig))  # w_r * dhu * u * silu'(g)
-    out_dtype = dgu_ptr.dtype.element_ty
-    dgu_ptrs = dgu_ptr + rows64[:, None] * (2 * INTER) + offs_n[None, :]
-    tl.store(dgu_ptrs, _to_out(dg, out_dtype, UPCAST), mask=smask)
-    tl.store(dgu_ptrs + INTER, _to_out(du, out_dtype, UPCAST), mask=smask)
+    _dh_epilogue(acc, rows, rmask, route, offs_n, nmask, rw_ptr, gu_ptr, dgu_ptr, dwp_ptr, INTER, num_n, pid_n, UPCAST)
 
 
 @triton.jit

@@ -1,7 +1,7 @@
-"""An experiment for issue 33's experts goal: the two weight-gradient GEMMs of ``moe_experts``
-with Hopper's TMA (Triton tensor descriptors) on rows gathered once, beside the shipped kernel.
+"""An experiment for issue 33's experts goal: three backward GEMMs of ``moe_experts`` with Hopper's
+TMA (Triton tensor descriptors) on rows gathered once, beside the shipped kernels.
 
-    python plugins/veomni-triton/gpu/wgrad_tma.py [--json wgrad_tma.json]
+    python plugins/veomni-triton/gpu/moe_tma.py [--json moe_tma.json]
 
 At the moe-30b-a3b shape (T 8192, top-8 of 128 experts, H 2048, I 768, bf16) the shipped
 ``wgrad_kernel`` reads one operand of each weight gradient through the routing permutation (a
@@ -14,6 +14,15 @@ gather on Hopper, so this script times, per GEMM:
 * ``gathered + tma BMxBNxBK/warps/stages``: that copy, then :func:`wgrad_tma_kernel`, whose loads
   are tensor descriptors; each expert's last, partial block of rows is zeroed in registers;
 * ``gathered + torch._grouped_mm``: CUTLASS's grouped GEMM on the same rows, the reference.
+
+and for ``dh`` (``grad_out[token] @ down_proj[e]`` with the SiLU·up backward epilogue, the
+slowest GEMM against CUTLASS in ``benchmarks/results/h100-2026-11-25-moe``):
+
+* ``shipped``: ``kernels.moe._dh`` (the gather inside);
+* ``gathered + tma ...``: :func:`dh_tma_kernel`, the same epilogue (``_dh_epilogue``) after a main
+  loop whose A (the gathered ``grad_out`` rows, the copy ``d down_proj`` could share) and B
+  (``down_proj`` as ``[E*H, I]``) are tensor descriptors;
+* ``gathered + torch._grouped_mm (no epilogue)``: the GEMM alone, what the epilogue costs.
 
 Each line has the median (``triton.testing.do_bench``), TFLOP/s and the worst error against a
 float32 reference, relative to its largest magnitude. Nothing here is used by the plugin; the
@@ -33,7 +42,7 @@ import triton
 import triton.language as tl
 from _setup import SMOKE, device, pick
 from tune_moe import moe_inputs, timed
-from veomni_triton.kernels.moe_kernels import _to_out
+from veomni_triton.kernels.moe_kernels import _dh_epilogue, _to_out
 
 
 @triton.jit
@@ -93,9 +102,60 @@ def wgrad_tma(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out: torch.T
                            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, UPCAST=SMOKE, num_warps=warps, num_stages=stages)
 
 
-#: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) tried for the TMA kernel.
+@triton.jit
+def dh_tma_kernel(
+    a_desc, b_desc, perm_ptr, rw_ptr, offs_ptr, tile_expert_ptr, tile_start_ptr, gu_ptr, dgu_ptr, dwp_ptr,
+    E, INTER, H, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """``dh_bwd_kernel`` with TMA loads: A = the gathered ``grad_out`` rows ``[TK, H]`` in expert
+    order, B = ``down_proj`` as ``[E*H, I]`` (H a multiple of BLOCK_K). Rows of a tile past its
+    expert's end compute garbage that the epilogue's masks never store."""
+    pid = tl.program_id(0)
+    num_n = (INTER + BLOCK_N - 1) // BLOCK_N
+    pid_m = pid // num_n
+    pid_n = pid % num_n
+    expert = tl.load(tile_expert_ptr + pid_m)
+    if expert >= E:
+        return
+    row_start = tl.load(tile_start_ptr + pid_m)
+    row_end = tl.load(offs_ptr + expert + 1).to(tl.int32)
+    rows = row_start + tl.arange(0, BLOCK_M)
+    rmask = rows < row_end
+    route = tl.load(perm_ptr + rows, mask=rmask, other=0)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = offs_n < INTER
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    b_row = expert * H
+    for k0 in range(0, H, BLOCK_K):
+        a = a_desc.load([row_start, k0])
+        b = b_desc.load([b_row + k0, pid_n * BLOCK_N])
+        if UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc)
+    _dh_epilogue(acc, rows, rmask, route, offs_n, nmask, rw_ptr, gu_ptr, dgu_ptr, dwp_ptr, INTER, num_n, pid_n, UPCAST)
+
+
+def dh_tma(M, go_rows, perm, w, down, tiles, gu, dgu, dwp, k, cfg: tuple) -> None:
+    """Launch :func:`dh_tma_kernel` (``cfg`` as in :func:`wgrad_tma`)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    bm, bn, bk, warps, stages = cfg
+    e, h, inter = down.shape
+    a_desc = TensorDescriptor.from_tensor(go_rows, [bm, bk])
+    b_desc = TensorDescriptor.from_tensor(down.view(e * h, inter), [bk, bn])
+    tile_expert, tile_start, m_tiles = tiles.get(bm)
+    dh_tma_kernel[(m_tiles * triton.cdiv(inter, bn),)](
+        a_desc, b_desc, perm, w, tiles.offs, tile_expert, tile_start, gu, dgu, dwp, e, inter, h,
+        UPCAST=SMOKE, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
+
+
+#: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) tried for the TMA weight-gradient kernel.
 TMA_CONFIGS = [(128, 128, 64, 4, 3), (128, 128, 64, 4, 4), (128, 128, 64, 8, 4), (128, 256, 64, 8, 3),
                (128, 128, 32, 4, 5), (128, 128, 128, 8, 2), (64, 128, 64, 4, 4)]
+#: ... and for the TMA dh kernel (the shipped dh config first).
+DH_CONFIGS = [(128, 128, 64, 8, 4), (128, 128, 64, 8, 3), (128, 64, 64, 4, 4), (128, 64, 64, 8, 4),
+              (128, 128, 128, 8, 3), (64, 128, 64, 4, 4), (128, 256, 64, 8, 3)]
 
 
 def reference(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, e: int) -> torch.Tensor:
@@ -111,7 +171,6 @@ def one_gemm(M, gname: str, a: torch.Tensor, a_g: bool, b: torch.Tensor, b_g: bo
     a_rows = a.index_select(0, tokens) if a_g else a
     b_rows = b.index_select(0, tokens) if b_g else b
     ref = reference(a_rows, b_rows, offs, e)
-    scale = ref.abs().max().item()
     out = torch.empty(shape, device=a.device, dtype=a.dtype)
     variants = {
         "shipped": lambda: M._wgrad(a, a_g, b, b_g, perm, offs, out, k, cfg_shipped),
@@ -126,11 +185,18 @@ def one_gemm(M, gname: str, a: torch.Tensor, a_g: bool, b: torch.Tensor, b_g: bo
     gathered = a if a_g else b
     copy_ms = timed(lambda: gathered.index_select(0, tokens))
     print(f"\n{gname}: out {tuple(shape)}; the gather copy alone {copy_ms:.4f} ms", flush=True)
-    rows: list[dict] = [{"gemm": gname, "variant": "gather copy", "ms": copy_ms}]
+    return [{"gemm": gname, "variant": "gather copy", "ms": copy_ms}] + measure(
+        gname, variants, lambda: out.float(), ref, flops)
+
+
+def measure(gname: str, variants: dict, result, ref: torch.Tensor, flops: int) -> list[dict]:
+    """Run, check (worst error relative to ``ref``'s largest magnitude) and time each variant."""
+    scale = ref.abs().max().item()
+    rows: list[dict] = []
     for vname, fn in variants.items():
         try:
             fn()
-            err = ((out.float() - ref).abs().max().item() / scale) if scale else 0.0
+            err = ((result() - ref).abs().max().item() / scale) if scale else 0.0
             ms = timed(fn)
             note = f"{ms:9.4f} ms  {flops / (ms * 1e-3) / 1e12:6.0f} TFLOP/s  error {err:.2e}"
             rows.append({"gemm": gname, "variant": vname, "ms": ms, "tflops": flops / (ms * 1e-3) / 1e12,
@@ -142,11 +208,41 @@ def one_gemm(M, gname: str, a: torch.Tensor, a_g: bool, b: torch.Tensor, b_g: bo
     return rows
 
 
+def dh_gemm(M, grad, perm, offs, w, down, gu, k: int, cfg_shipped, configs: list[tuple]) -> list[dict]:
+    """Every variant of the dh GEMM (module docstring): ``dgu`` checked against a float32 reference."""
+    e, h, inter = down.shape
+    tk = perm.numel()
+    go_rows = grad.index_select(0, perm // k)
+    o = offs.tolist()
+    dhu = torch.cat([go_rows[o[i]:o[i + 1]].float() @ down[i].float() for i in range(e)])
+    g, u = gu.float().chunk(2, dim=1)
+    rw = w.reshape(-1)[perm].float()[:, None]
+    sig = torch.sigmoid(g)
+    ref = torch.cat([dhu * rw * u * sig * (1 + g * (1 - sig)), dhu * rw * g * sig], dim=1)
+    tiles = M._Tiles(offs, tk, e)
+    dgu = torch.empty_like(gu)
+
+    def dwp(bn: int) -> torch.Tensor:
+        return torch.zeros((tk, triton.cdiv(inter, bn)), device=grad.device, dtype=torch.float32)
+
+    variants = {"shipped": lambda: M._dh(grad, perm, w, down, tiles, gu, dgu, dwp(cfg_shipped.block_n), k,
+                                         cfg_shipped)}
+    for cfg in configs:
+        label = "gathered + tma " + "x".join(map(str, cfg[:3])) + f"/{cfg[3]}w/{cfg[4]}s"
+        variants[label] = lambda cfg=cfg: dh_tma(M, go_rows, perm, w, down, tiles, gu, dgu, dwp(cfg[1]), k, cfg)
+    if hasattr(torch, "_grouped_mm") and not SMOKE:
+        variants["gathered + torch._grouped_mm (no epilogue)"] = lambda: dgu[:, :inter].copy_(
+            torch._grouped_mm(go_rows, down, offs=offs[1:].to(torch.int32)))
+    print(f"\ndh: [{tk}, {2 * inter}] from grad_out rows and down_proj; the shipped config "
+          f"{tuple(cfg_shipped.__dict__.values())}", flush=True)
+    return measure("dh", variants, lambda: dgu.float(), ref, 2 * tk * h * inter)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json")
     args = ap.parse_args()
-    picked = device("the TMA weight-gradient experiment")
+    picked = device("the TMA experiment for the experts' backward GEMMs")
     if picked is None:
         return 2
     dev, name = picked
@@ -156,7 +252,7 @@ def main() -> int:
     dt = torch.bfloat16
     torch.manual_seed(0)
     x, idx, w, gate_up, down, grad = moe_inputs(t, h, inter, e, k, dev, dt)
-    _out, _gu, hw, perm, offs = M._moe_fwd(x, idx, w, gate_up, down, True)
+    _out, gu, hw, perm, offs = M._moe_fwd(x, idx, w, gate_up, down, True)
     tk = t * k
     dgu = (torch.randn(tk, 2 * inter, device=dev) * 0.1).to(dt)
     tma_configs = [(16, 32, 16, 4, 1)] if SMOKE else TMA_CONFIGS
@@ -170,6 +266,8 @@ def main() -> int:
           f"torch {torch.__version__}", flush=True)
     for gname, (a, a_g, b, b_g, shape, cfg_shipped) in gemms.items():
         rows += one_gemm(M, gname, a, a_g, b, b_g, shape, perm, offs, k, e, cfg_shipped, tma_configs)
+    rows += dh_gemm(M, grad, perm, offs, w, down, gu, k, M._config("dh", dev, dt, tk / e),
+                    [(16, 16, 16, 4, 1)] if SMOKE else DH_CONFIGS)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": name, "shape": dict(T=t, H=h, I=inter, E=e, K=k), "rows": rows}, f, indent=1)
