@@ -41,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 from _setup import SMOKE, device, pick
-from tune_moe import moe_inputs, timed
+from tune_moe import forward_saved, moe_inputs, timed
 from veomni_triton.kernels.moe_kernels import _dh_epilogue, _to_out
 
 
@@ -104,7 +104,7 @@ def wgrad_tma(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out: torch.T
 
 @triton.jit
 def dh_tma_kernel(
-    a_desc, b_desc, perm_ptr, rw_ptr, offs_ptr, tile_expert_ptr, tile_start_ptr, gu_ptr, dgu_ptr, dwp_ptr,
+    a_desc, b_desc, perm_ptr, rw_ptr, offs_ptr, tile_expert_ptr, tile_start_ptr, gu_ptr, dgu_ptr, dwp_ptr, hw_ptr,
     E, INTER, H, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """``dh_bwd_kernel`` with TMA loads: A = the gathered ``grad_out`` rows ``[TK, H]`` in expert
@@ -133,10 +133,11 @@ def dh_tma_kernel(
             a = a.to(tl.float32)
             b = b.to(tl.float32)
         acc = tl.dot(a, b, acc)
-    _dh_epilogue(acc, rows, rmask, route, offs_n, nmask, rw_ptr, gu_ptr, dgu_ptr, dwp_ptr, INTER, num_n, pid_n, UPCAST)
+    _dh_epilogue(acc, rows, rmask, route, offs_n, nmask, rw_ptr, gu_ptr, dgu_ptr, dwp_ptr, hw_ptr, INTER, num_n, pid_n,
+                 True, UPCAST)
 
 
-def dh_tma(M, go_rows, perm, w, down, tiles, gu, dgu, dwp, k, cfg: tuple) -> None:
+def dh_tma(M, go_rows, perm, w, down, tiles, gu, dgu, dwp, hw, k, cfg: tuple) -> None:
     """Launch :func:`dh_tma_kernel` (``cfg`` as in :func:`wgrad_tma`)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -146,7 +147,7 @@ def dh_tma(M, go_rows, perm, w, down, tiles, gu, dgu, dwp, k, cfg: tuple) -> Non
     b_desc = TensorDescriptor.from_tensor(down.view(e * h, inter), [bk, bn])
     tile_expert, tile_start, m_tiles = tiles.get(bm)
     dh_tma_kernel[(m_tiles * triton.cdiv(inter, bn),)](
-        a_desc, b_desc, perm, w, tiles.offs, tile_expert, tile_start, gu, dgu, dwp, e, inter, h,
+        a_desc, b_desc, perm, w, tiles.offs, tile_expert, tile_start, gu, dgu, dwp, hw, e, inter, h,
         UPCAST=SMOKE, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
 
 
@@ -221,15 +222,16 @@ def dh_gemm(M, grad, perm, offs, w, down, gu, k: int, cfg_shipped, configs: list
     ref = torch.cat([dhu * rw * u * sig * (1 + g * (1 - sig)), dhu * rw * g * sig], dim=1)
     tiles = M._Tiles(offs, tk, e)
     dgu = torch.empty_like(gu)
+    hw = torch.empty((tk, inter), device=gu.device, dtype=gu.dtype)  # the shipped path recomputes it here
 
     def dwp(bn: int) -> torch.Tensor:
         return torch.zeros((tk, triton.cdiv(inter, bn)), device=grad.device, dtype=torch.float32)
 
     variants = {"shipped": lambda: M._dh(grad, perm, w, down, tiles, gu, dgu, dwp(cfg_shipped.block_n), k,
-                                         cfg_shipped)}
+                                         cfg_shipped, hw=hw)}
     for cfg in configs:
         label = "gathered + tma " + "x".join(map(str, cfg[:3])) + f"/{cfg[3]}w/{cfg[4]}s"
-        variants[label] = lambda cfg=cfg: dh_tma(M, go_rows, perm, w, down, tiles, gu, dgu, dwp(cfg[1]), k, cfg)
+        variants[label] = lambda cfg=cfg: dh_tma(M, go_rows, perm, w, down, tiles, gu, dgu, dwp(cfg[1]), hw, k, cfg)
     if hasattr(torch, "_grouped_mm") and not SMOKE:
         variants["gathered + torch._grouped_mm (no epilogue)"] = lambda: dgu[:, :inter].copy_(
             torch._grouped_mm(go_rows, down, offs=offs[1:].to(torch.int32)))
@@ -252,7 +254,7 @@ def main() -> int:
     dt = torch.bfloat16
     torch.manual_seed(0)
     x, idx, w, gate_up, down, grad = moe_inputs(t, h, inter, e, k, dev, dt)
-    _out, gu, hw, perm, offs = M._moe_fwd(x, idx, w, gate_up, down, True)
+    gu, hw, perm, offs = forward_saved(M, x, idx, w, gate_up, down)
     tk = t * k
     dgu = (torch.randn(tk, 2 * inter, device=dev) * 0.1).to(dt)
     tma_configs = [(16, 32, 16, 4, 1)] if SMOKE else TMA_CONFIGS

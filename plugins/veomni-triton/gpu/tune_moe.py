@@ -69,6 +69,15 @@ def moe_inputs(t: int, h: int, inter: int, e: int, k: int, dev, dtype) -> tuple[
     return x, idx.contiguous(), w.contiguous(), gate_up, down, grad
 
 
+def forward_saved(M, x, idx, w, gate_up, down) -> tuple[torch.Tensor, ...]:
+    """``(gu, hw, perm, offs)``: what the forward keeps for backward, and ``hw``, the down GEMM's
+    input that backward recomputes (here in torch: ``w_r * silu(g) * u`` from the saved bf16 g, u)."""
+    _out, gu, perm, offs = M._moe_fwd(x, idx, w, gate_up, down, True)
+    g, u = gu.float().chunk(2, dim=1)
+    hw = (w.reshape(-1)[perm].float()[:, None] * torch.nn.functional.silu(g) * u).to(x.dtype)
+    return gu, hw, perm, offs
+
+
 def tune_moe() -> None:
     """Each GEMM kernel of moe_experts alone, per candidate tile configuration (do_bench median).
 
@@ -84,7 +93,7 @@ def tune_moe() -> None:
     dev = "cpu" if SMOKE else "cuda"
     x, idx, w, gate_up, down, grad = moe_inputs(t, h, inter, e, k, dev, dtype)
     tk = t * k
-    _out, gu, hw, perm, offs = M._moe_fwd(x, idx, w, gate_up, down, True)
+    gu, hw, perm, offs = forward_saved(M, x, idx, w, gate_up, down)
     tiles = M._Tiles(offs, tk, e)
     dgu = (torch.randn(tk, 2 * inter, device=dev) * 0.1).to(dtype)
     gu2, hw2, dgu2 = torch.empty_like(gu), torch.empty_like(hw), torch.empty_like(dgu)
@@ -93,7 +102,7 @@ def tune_moe() -> None:
 
     def dh(cfg):
         dwp = torch.empty((tk, triton.cdiv(inter, cfg.block_n)), device=dev, dtype=torch.float32)
-        M._dh(grad, perm, w, down, tiles, gu, dgu2, dwp, k, cfg)
+        M._dh(grad, perm, w, down, tiles, gu, dgu2, dwp, k, cfg, hw=hw2)
 
     launch = {
         "gate_up": (lambda cfg: M._gate_up(x, perm, w, gate_up, tiles, gu2, hw2, k, True, cfg), 2 * tk * h * 2 * inter),

@@ -163,6 +163,41 @@ def test_partial_requires_grad_and_no_grad():
         assert_close(M.moe_experts(x, idx, w, gate_up, down), reference(x, idx, w, gate_up, down), OP, "no_grad out")
 
 
+def test_only_down_proj_requires_grad():
+    # backward's dh GEMM then runs only to recompute the forward's silu(g)*u (not kept), which
+    # d down_proj needs
+    t, h, inter, e, k = 24, 32, 48, 4, 2
+    x, idx, w, gate_up, down = make_inputs(t, h, inter, e, k, F32)
+    down.requires_grad_()
+    grad = torch.randn(t, h)
+    M.moe_experts(x, idx, w, gate_up, down).backward(grad)
+    d64 = down.detach().double().requires_grad_()
+    reference(x, idx, w, gate_up, d64).backward(grad.double())
+    assert_close(down.grad, d64.grad, OP, "d_down_proj (only it requires grad)", scale=(t * k / e) ** 0.5)
+
+
+def test_forward_keeps_gate_up_not_its_product():
+    # what autograd holds per layer between forward and backward: the inputs, [g | u], the
+    # routing order; not hw = w * silu(g) * u (T*K*I elements), which backward recomputes
+    t, h, inter, e, k = 16, 32, 48, 4, 2
+    x, idx, w, gate_up, down = make_inputs(t, h, inter, e, k, F32)
+    leaves = [p.requires_grad_() for p in (x, w, gate_up, down)]
+    shapes = []
+
+    def pack(saved):
+        shapes.append(tuple(saved.shape))
+        return saved
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda saved: saved):
+        out = M.moe_experts(x, idx, w, gate_up, down)
+    assert (t * k, 2 * inter) in shapes, shapes
+    assert (t * k, inter) not in shapes, f"the forward kept a [T*K, I] tensor: {shapes}"
+    beyond_inputs = [s for s in shapes if s not in {tuple(p.shape) for p in leaves} | {tuple(idx.shape)}]
+    assert sorted(beyond_inputs) == sorted([(t * k, 2 * inter), (t * k,), (e + 1,)]), beyond_inputs
+    out.sum().backward()
+    assert all(p.grad is not None for p in leaves)
+
+
 def test_empty_batch():
     x, idx, w, gate_up, down = make_inputs(0, 32, 16, 4, 2, F32)
     x.requires_grad_()

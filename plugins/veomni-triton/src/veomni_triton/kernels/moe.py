@@ -14,7 +14,8 @@ Forward (3 Triton launches after a device-side sort; nothing reads device memory
 2. ``gate_up_fwd_kernel``: grouped GEMM whose A rows are *gathered* from ``hidden`` through
    ``perm`` (no gathered copy), two accumulators (g and u columns of one tile), epilogue
    ``hw = w_r * silu(g) * u`` (the route weight folded in here, so that the down GEMM's
-   output only needs summing); ``[g | u]`` is kept for backward when a gradient is needed.
+   output only needs summing); ``[g | u]`` is kept for backward when a gradient is needed,
+   ``hw`` is not (backward recomputes it, below): ``T*K*I`` elements less held per layer.
 3. ``grouped_scatter_kernel``: ``y_r = down_proj[e] @ hw_r``, each row written once to its
    route's slot of a ``[T*K, H]`` buffer.
 4. ``combine_kernel``: ``out_t = sum_k y_{t,k}`` in fp32, k in order: deterministic, no atomics.
@@ -23,7 +24,8 @@ Backward (4 GEMM launches + 1 combine):
 
 * ``dh_bwd_kernel``: ``dhu = grad_out[token] @ down_proj[e]`` (gathered), epilogue gives
   ``d top_k_weights`` partial dot products ``<silu(g)*u, dhu>`` (per N-tile, summed after in a
-  fixed order), and ``d[g|u]`` through the SiLU derivative.
+  fixed order), ``d[g|u]`` through the SiLU derivative, and (when ``down_proj`` needs a
+  gradient) ``hw`` again from the saved ``[g | u]``, as eager computes it from its bf16 ``g``, ``u``.
 * ``wgrad_kernel`` twice: ``d down_proj[e] = sum_r grad_out[token]^T hw_r`` and
   ``d gate_up_proj[e] = sum_r d[g|u]_r^T x[token]``, one program per (expert, tile), looping over
   the expert's rows (an expert without tokens gets zeros).
@@ -290,16 +292,18 @@ def _gate_up(
 def _dh(
     go: torch.Tensor, perm: torch.Tensor, weights: torch.Tensor, down_proj: torch.Tensor, tiles: _Tiles,
     gu: torch.Tensor, dgu: torch.Tensor, dwp: torch.Tensor, topk: int, cfg: GemmConfig,
+    hw: torch.Tensor | None = None,
 ) -> None:
-    """dgu[row] = d[g | u] and dwp[route, n-tile] partials of d top_k_weights (see ``dh_bwd_kernel``)."""
+    """dgu[row] = d[g | u] and dwp[route, n-tile] partials of d top_k_weights (see ``dh_bwd_kernel``);
+    ``hw[row] = w_r * silu(g) * u`` too when ``hw`` is given."""
     num_experts, h, inter = down_proj.shape
     num_n = triton.cdiv(inter, cfg.block_n)
     tile_expert, tile_start, m_tiles = tiles.get(cfg.block_m)
     dh_bwd_kernel[(m_tiles * num_n,)](
         go, perm, weights, down_proj, tiles.offs, tile_expert, tile_start, gu, dgu, dwp,
-        num_experts, inter, h,
+        dgu if hw is None else hw, num_experts, inter, h,
         go.stride(0), go.stride(1), down_proj.stride(0), down_proj.stride(1), down_proj.stride(2),
-        TOPK=topk, EVEN_K=h % cfg.block_k == 0, EVEN_N=inter % cfg.block_n == 0,
+        TOPK=topk, STORE_HW=hw is not None, EVEN_K=h % cfg.block_k == 0, EVEN_N=inter % cfg.block_n == 0,
         PREC=_dot_precision(go.dtype), UPCAST=interpreter_active(),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -333,7 +337,7 @@ def _moe_fwd(
     gate_up_proj: torch.Tensor,
     down_proj: torch.Tensor,
     save: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     t, h = hidden.shape
     k = top_k_index.shape[1]
     num_experts, two_i, _ = gate_up_proj.shape
@@ -342,13 +346,11 @@ def _moe_fwd(
     dev, dt = hidden.device, hidden.dtype
     out = torch.empty((t, h), device=dev, dtype=dt)
     gu = torch.empty((tk, two_i) if save else (0,), device=dev, dtype=dt)
-    hw = torch.empty((tk, inter) if save else (0,), device=dev, dtype=dt)
     if tk == 0 or num_experts == 0:
         out.zero_()
-        return (out, gu, hw, torch.empty((tk,), device=dev, dtype=torch.int64),
+        return (out, gu, torch.empty((tk,), device=dev, dtype=torch.int64),
                 torch.zeros((num_experts + 1,), device=dev, dtype=torch.int64))
-    if not save:
-        hw = torch.empty((tk, inter), device=dev, dtype=dt)
+    hw = torch.empty((tk, inter), device=dev, dtype=dt)  # the down GEMM's input; backward recomputes it
     with launch_device(hidden):
         perm, offs = _route(top_k_index.reshape(-1), num_experts)
         tiles = _Tiles(offs, tk, num_experts)
@@ -362,9 +364,7 @@ def _moe_fwd(
             _config("down", dev, dt, rpe),
         )
         _combine(y, top_k_index, out, num_experts)
-    if not save:
-        hw = torch.empty((0,), device=dev, dtype=dt)
-    return out, gu, hw, perm, offs
+    return out, gu, perm, offs
 
 
 @_moe_fwd.register_fake
@@ -375,7 +375,6 @@ def _(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, save):
     return (
         hidden.new_empty((t, h)),
         hidden.new_empty((tk, two_i) if save else (0,)),
-        hidden.new_empty((tk, two_i // 2) if save else (0,)),
         hidden.new_empty((tk,), dtype=torch.int64),
         hidden.new_empty((num_experts + 1,), dtype=torch.int64),
     )
@@ -390,7 +389,6 @@ def _moe_bwd(
     gate_up_proj: torch.Tensor,
     down_proj: torch.Tensor,
     gu: torch.Tensor,
-    hw: torch.Tensor,
     perm: torch.Tensor,
     offs: torch.Tensor,
     need_hidden: bool,
@@ -419,34 +417,37 @@ def _moe_bwd(
     go = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()
     with launch_device(hidden):
         tiles = _Tiles(offs, tk, num_experts)
-        if need_down:
+        # the dh GEMM runs whenever any gradient is asked for: its epilogue also recomputes the
+        # forward's hw (not kept) for d down_proj
+        cfg = _config("dh", dev, dt, rpe)
+        num_n = triton.cdiv(inter, cfg.block_n)
+        dgu = torch.empty((tk, two_i), device=dev, dtype=dt)
+        # one fp32 partial of <y_r, grad_out_t> per (route, N-tile); routes no expert owns stay 0
+        dwp = torch.zeros((tk, num_n), device=dev, dtype=torch.float32)
+        hw = torch.empty((tk, inter), device=dev, dtype=dt) if need_down else None
+        _dh(go, perm, top_k_weights, down_proj, tiles, gu, dgu, dwp, k, cfg, hw=hw)
+        if hw is not None:
             # d down_proj[e][h, i] = sum_r grad_out[token(r), h] * hw[r, i]
             _wgrad(go, True, hw, False, perm, offs, dd_w, k, _config("wgrad_down", dev, dt, rpe))
-        if need_hidden or need_weights or need_gate_up:
-            cfg = _config("dh", dev, dt, rpe)
-            num_n = triton.cdiv(inter, cfg.block_n)
-            dgu = torch.empty((tk, two_i), device=dev, dtype=dt)
-            # one fp32 partial of <y_r, grad_out_t> per (route, N-tile); routes no expert owns stay 0
-            dwp = torch.zeros((tk, num_n), device=dev, dtype=torch.float32)
-            _dh(go, perm, top_k_weights, down_proj, tiles, gu, dgu, dwp, k, cfg)
-            if need_weights:
-                dw = dwp.sum(dim=1).view(t, k).to(top_k_weights.dtype)
-            if need_gate_up:
-                # d gate_up_proj[e][j, h] = sum_r d[g|u][r, j] * x[token(r), h]
-                _wgrad(dgu, False, hidden, True, perm, offs, dgu_w, k, _config("wgrad_gate_up", dev, dt, rpe))
-            if need_hidden:
-                dx_routes = torch.empty((tk, h), device=dev, dtype=dt)
-                # dx_r = d[g|u]_r @ gate_up_proj[e]: B[k=j, n=h] = gate_up_proj[e, j, h]
-                _grouped_scatter(
-                    dgu, perm, tiles, gate_up_proj, dx_routes, h, two_i,
-                    gate_up_proj.stride(1), gate_up_proj.stride(2), _config("dx", dev, dt, rpe),
-                )
-                _combine(dx_routes, top_k_index, dx, num_experts)
+            del hw
+        if need_weights:
+            dw = dwp.sum(dim=1).view(t, k).to(top_k_weights.dtype)
+        if need_gate_up:
+            # d gate_up_proj[e][j, h] = sum_r d[g|u][r, j] * x[token(r), h]
+            _wgrad(dgu, False, hidden, True, perm, offs, dgu_w, k, _config("wgrad_gate_up", dev, dt, rpe))
+        if need_hidden:
+            dx_routes = torch.empty((tk, h), device=dev, dtype=dt)
+            # dx_r = d[g|u]_r @ gate_up_proj[e]: B[k=j, n=h] = gate_up_proj[e, j, h]
+            _grouped_scatter(
+                dgu, perm, tiles, gate_up_proj, dx_routes, h, two_i,
+                gate_up_proj.stride(1), gate_up_proj.stride(2), _config("dx", dev, dt, rpe),
+            )
+            _combine(dx_routes, top_k_index, dx, num_experts)
     return dx, dw, dgu_w, dd_w
 
 
 @_moe_bwd.register_fake
-def _(grad_out, hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, gu, hw, perm, offs,
+def _(grad_out, hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, gu, perm, offs,
       need_hidden, need_weights, need_gate_up, need_down):
     return (
         hidden.new_empty(hidden.shape) if need_hidden else hidden.new_empty((0,)),
@@ -458,20 +459,20 @@ def _(grad_out, hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, gu,
 
 def _setup_context(ctx, inputs, output):
     hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, _save = inputs
-    _out, gu, hw, perm, offs = output
-    ctx.save_for_backward(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, gu, hw, perm, offs)
-    # gu and hw are saved activations, never used by the caller: without this, autograd would fill
+    _out, gu, perm, offs = output
+    ctx.save_for_backward(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, gu, perm, offs)
+    # gu is a saved activation, never used by the caller: without this, autograd would fill
     # a zero gradient for each ([T*K, 3I] elements, ~0.09 ms at Qwen3-30B-A3B shapes) on every backward.
     ctx.set_materialize_grads(False)
 
 
-def _backward(ctx, grad_out, _dgu, _dhw, _dperm, _doffs):
+def _backward(ctx, grad_out, _dgu, _dperm, _doffs):
     if grad_out is None:
         return None, None, None, None, None, None
-    hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, gu, hw, perm, offs = ctx.saved_tensors
+    hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, gu, perm, offs = ctx.saved_tensors
     need = ctx.needs_input_grad
     dx, dw, dgu_w, dd_w = _moe_bwd(
-        grad_out, hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, gu, hw, perm, offs,
+        grad_out, hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, gu, perm, offs,
         need[0], need[2], need[3], need[4],
     )
     return (

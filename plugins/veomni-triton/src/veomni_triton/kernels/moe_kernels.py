@@ -206,10 +206,12 @@ def grouped_scatter_kernel(
 
 
 @triton.jit
-def _dh_epilogue(acc, rows, rmask, route, offs_n, nmask, rw_ptr, gu_ptr, dgu_ptr, dwp_ptr, INTER, num_n, pid_n,
-                 UPCAST: tl.constexpr):
+def _dh_epilogue(acc, rows, rmask, route, offs_n, nmask, rw_ptr, gu_ptr, dgu_ptr, dwp_ptr, hw_ptr, INTER, num_n,
+                 pid_n, STORE_HW: tl.constexpr, UPCAST: tl.constexpr):
     """The SiLU·up backward of one ``dhu`` tile ``acc`` (see ``dh_bwd_kernel``): ``dwp[route, pid_n]``
-    and ``dgu[row] = [dg | du]``. Called once per program, after the main loop."""
+    and ``dgu[row] = [dg | du]``; with ``STORE_HW`` also the forward's ``hw[row] = w_r * silu(g) * u``
+    recomputed from the saved ``g`` and ``u`` (``d down_proj``'s operand, so the forward need not keep
+    it). Called once per program, after the main loop."""
     rows64 = rows.to(tl.int64)
     smask = rmask[:, None] & nmask[None, :]
     gu_ptrs = gu_ptr + rows64[:, None] * (2 * INTER) + offs_n[None, :]
@@ -229,14 +231,17 @@ def _dh_epilogue(acc, rows, rmask, route, offs_n, nmask, rw_ptr, gu_ptr, dgu_ptr
     dgu_ptrs = dgu_ptr + rows64[:, None] * (2 * INTER) + offs_n[None, :]
     tl.store(dgu_ptrs, _to_out(dg, out_dtype, UPCAST), mask=smask)
     tl.store(dgu_ptrs + INTER, _to_out(du, out_dtype, UPCAST), mask=smask)
+    if STORE_HW:
+        hw = g * sig * u * rw[:, None]
+        tl.store(hw_ptr + rows64[:, None] * INTER + offs_n[None, :], _to_out(hw, out_dtype, UPCAST), mask=smask)
 
 
 @triton.jit
 def dh_bwd_kernel(
-    go_ptr, perm_ptr, rw_ptr, wd_ptr, offs_ptr, tile_expert_ptr, tile_start_ptr, gu_ptr, dgu_ptr, dwp_ptr,
+    go_ptr, perm_ptr, rw_ptr, wd_ptr, offs_ptr, tile_expert_ptr, tile_start_ptr, gu_ptr, dgu_ptr, dwp_ptr, hw_ptr,
     E, INTER, H,
     stride_gt, stride_gh, stride_we, stride_wh, stride_wi,
-    TOPK: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
+    TOPK: tl.constexpr, STORE_HW: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
     PREC: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
@@ -245,7 +250,7 @@ def dh_bwd_kernel(
     ``dhu = grad_out[token(r)] @ down_proj[e]`` (A gathered by token), then in the epilogue:
     ``d_w partial = sum_cols(silu(g)*u * dhu)`` (this program's share of ``<y_r, grad_out_t>``,
     written to ``dwp[r, pid_n]``), ``dh = w_r * dhu``, ``dg = dh*u*silu'(g)``, ``du = dh*silu(g)``
-    stored as ``dgu[row] = [dg | du]``.
+    stored as ``dgu[row] = [dg | du]``; with ``STORE_HW``, ``hw[row] = w_r * silu(g) * u`` too.
     """
     pid = tl.program_id(0)
     num_n = (INTER + BLOCK_N - 1) // BLOCK_N
@@ -283,7 +288,8 @@ def dh_bwd_kernel(
             acc = tl.dot(a, b, acc, input_precision=PREC)
         a_ptrs += BLOCK_K * stride_gh
         b_ptrs += BLOCK_K * stride_wh
-    _dh_epilogue(acc, rows, rmask, route, offs_n, nmask, rw_ptr, gu_ptr, dgu_ptr, dwp_ptr, INTER, num_n, pid_n, UPCAST)
+    _dh_epilogue(acc, rows, rmask, route, offs_n, nmask, rw_ptr, gu_ptr, dgu_ptr, dwp_ptr, hw_ptr, INTER, num_n, pid_n,
+                 STORE_HW, UPCAST)
 
 
 @triton.jit
