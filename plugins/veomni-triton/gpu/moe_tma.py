@@ -11,7 +11,8 @@ gather on Hopper, so this script times, per GEMM:
 * ``shipped``: ``kernels.moe._wgrad`` as ``moe_experts`` calls it (the gather inside);
 * ``gathered + shipped``: the gathered operand written once in expert order (``index_select``,
   timed on its own line), then the same kernel without the gather;
-* ``gathered + tma BMxBNxBK/warps/stages``: that copy, then :func:`wgrad_tma_kernel`, whose loads
+* ``gathered + tma BMxBNxBK/warps/stages``: that copy, then the plugin's ``wgrad_tma_kernel``
+  (``GemmConfig(..., tma=True)``: the path ``moe_experts`` takes where its table says so), whose loads
   are tensor descriptors; each expert's last, partial block of rows is zeroed in registers;
 * ``gathered + torch._grouped_mm``: CUTLASS's grouped GEMM on the same rows, the reference.
 
@@ -25,9 +26,9 @@ slowest GEMM against CUTLASS in ``benchmarks/results/h100-2026-11-25-moe``):
 * ``gathered + torch._grouped_mm (no epilogue)``: the GEMM alone, what the epilogue costs.
 
 Each line has the median (``triton.testing.do_bench``), TFLOP/s and the worst error against a
-float32 reference, relative to its largest magnitude. Nothing here is used by the plugin; the
-figures decide whether ``moe_experts`` should take this path (results under
-``benchmarks/results/``). ``TRITON_INTERPRET=1 VEOMNI_GPU_SMOKE=1`` runs the plumbing on the
+float32 reference, relative to its largest magnitude. The figures decide whether ``moe_experts``'
+sm90 table turns ``tma`` on for the weight gradients, and whether the dh kernel here (not used by
+the plugin) is worth taking into it (results under ``benchmarks/results/``). ``TRITON_INTERPRET=1 VEOMNI_GPU_SMOKE=1`` runs the plumbing on the
 CPU at tiny shapes (no timing worth reading).
 """
 
@@ -42,64 +43,7 @@ import triton
 import triton.language as tl
 from _setup import SMOKE, device, pick
 from tune_moe import forward_saved, moe_inputs, timed
-from veomni_triton.kernels.moe_kernels import _dh_epilogue, _to_out
-
-
-@triton.jit
-def wgrad_tma_kernel(
-    a_desc, b_desc, offs_ptr, out_ptr, M, N, stride_oe, stride_om, stride_on,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
-):
-    """``out[e] = A[rows of e]^T @ B[rows of e]``; A ``[R, M]`` and B ``[R, N]`` in expert order,
-    read through tensor descriptors of blocks ``[BLOCK_K, BLOCK_M]`` and ``[BLOCK_K, BLOCK_N]``.
-    Programs: (expert, M-tile, N-tile); an expert with no rows writes zeros."""
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    expert = pid // (num_m * num_n)
-    rem = pid % (num_m * num_n)
-    m0 = (rem // num_n) * BLOCK_M
-    n0 = (rem % num_n) * BLOCK_N
-    start = tl.load(offs_ptr + expert).to(tl.int32)
-    end = tl.load(offs_ptr + expert + 1).to(tl.int32)
-    full_end = start + (end - start) // BLOCK_K * BLOCK_K
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for r0 in range(start, full_end, BLOCK_K):  # whole blocks: straight from shared memory into the MMA
-        a = a_desc.load([r0, m0])
-        b = b_desc.load([r0, n0])
-        if UPCAST:  # the interpreter's dot takes fp32
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        acc = tl.dot(a.T, b, acc)
-    if full_end < end:  # the partial block: rows past the expert's end belong to the next one
-        keep = (full_end + tl.arange(0, BLOCK_K)) < end
-        a = a_desc.load([full_end, m0])
-        b = b_desc.load([full_end, n0])
-        a = tl.where(keep[:, None], a, tl.zeros_like(a))
-        b = tl.where(keep[:, None], b, tl.zeros_like(b))
-        if UPCAST:
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        acc = tl.dot(a.T, b, acc)
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    ptrs = out_ptr + expert.to(tl.int64) * stride_oe + offs_m[:, None].to(tl.int64) * stride_om \
-        + offs_n[None, :] * stride_on
-    # the shipped kernels' cast: round to nearest even under the interpreter too (it truncates)
-    tl.store(ptrs, _to_out(acc, out_ptr.dtype.element_ty, UPCAST), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
-
-
-def wgrad_tma(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, out: torch.Tensor, cfg: tuple) -> None:
-    """Launch :func:`wgrad_tma_kernel`; ``cfg`` = (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    bm, bn, bk, warps, stages = cfg
-    e, m, n = out.shape
-    a_desc = TensorDescriptor.from_tensor(a, [bk, bm])
-    b_desc = TensorDescriptor.from_tensor(b, [bk, bn])
-    grid = (e * triton.cdiv(m, bm) * triton.cdiv(n, bn),)
-    wgrad_tma_kernel[grid](a_desc, b_desc, offs, out, m, n, out.stride(0), out.stride(1), out.stride(2),
-                           BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, UPCAST=SMOKE, num_warps=warps, num_stages=stages)
+from veomni_triton.kernels.moe_kernels import _dh_epilogue
 
 
 @triton.jit
@@ -138,7 +82,7 @@ def dh_tma_kernel(
 
 
 def dh_tma(M, go_rows, perm, w, down, tiles, gu, dgu, dwp, hw, k, cfg: tuple) -> None:
-    """Launch :func:`dh_tma_kernel` (``cfg`` as in :func:`wgrad_tma`)."""
+    """Launch :func:`dh_tma_kernel`; ``cfg`` = (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     bm, bn, bk, warps, stages = cfg
@@ -179,7 +123,8 @@ def one_gemm(M, gname: str, a: torch.Tensor, a_g: bool, b: torch.Tensor, b_g: bo
     }
     for cfg in tma_configs:
         label = "gathered + tma " + "x".join(map(str, cfg[:3])) + f"/{cfg[3]}w/{cfg[4]}s"
-        variants[label] = lambda cfg=cfg: wgrad_tma(a_rows, b_rows, offs, out, cfg)
+        variants[label] = lambda cfg=cfg: M._wgrad(a_rows, False, b_rows, False, perm, offs, out, k,
+                                                   M.GemmConfig(*cfg, tma=True))
     if hasattr(torch, "_grouped_mm") and not SMOKE:
         variants["gathered + torch._grouped_mm"] = lambda: out.copy_(
             torch._grouped_mm(a_rows.t(), b_rows, offs=offs[1:].to(torch.int32)))

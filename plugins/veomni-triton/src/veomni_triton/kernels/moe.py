@@ -64,6 +64,7 @@ from .moe_kernels import (
     grouped_scatter_kernel,
     tile_map_kernel,
     wgrad_kernel,
+    wgrad_tma_kernel,
 )
 
 _OP = "moe_experts"
@@ -79,6 +80,10 @@ class GemmConfig:
     block_k: int
     num_warps: int
     num_stages: int
+    #: weight gradients only: copy a gathered operand into sorted-row order once and read both
+    #: operands through Hopper's TMA (``wgrad_tma_kernel``); 16-bit operands whose rows are whole
+    #: 16-byte units, else the gathering kernel runs
+    tma: bool = False
 
 
 #: Configurations at training shapes (hundreds of rows per expert). sm90: the fastest of a
@@ -310,12 +315,34 @@ def _dh(
     )
 
 
+def _tma_rows(t: torch.Tensor) -> bool:
+    """Whether TMA can read ``t`` as a row-major 2-D operand: 16-bit, unit last stride, rows of
+    whole 16-byte units on a 16-byte aligned base (the tensor-descriptor rules)."""
+    return (t.dtype in (torch.bfloat16, torch.float16) and t.dim() == 2 and t.stride(1) == 1
+            and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0)
+
+
 def _wgrad(
     a: torch.Tensor, a_gather: bool, b: torch.Tensor, b_gather: bool, perm: torch.Tensor, offs: torch.Tensor,
     out: torch.Tensor, topk: int, cfg: GemmConfig,
 ) -> None:
     """out[e] = A_e^T @ B_e over the rows of expert e (A: [rows, M], B: [rows, N])."""
     num_experts, m, n = out.shape
+    if cfg.tma and _tma_rows(a) and _tma_rows(b):
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        tokens = perm // topk if a_gather or b_gather else None
+        a_rows = a.index_select(0, tokens) if a_gather else a
+        b_rows = b.index_select(0, tokens) if b_gather else b
+        grid = (num_experts * triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
+        wgrad_tma_kernel[grid](
+            TensorDescriptor.from_tensor(a_rows, [cfg.block_k, cfg.block_m]),
+            TensorDescriptor.from_tensor(b_rows, [cfg.block_k, cfg.block_n]),
+            offs, out, m, n, out.stride(0), out.stride(1), out.stride(2), UPCAST=interpreter_active(),
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+        return
     grid = (num_experts * triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
     wgrad_kernel[grid](
         a, b, perm, offs, out, m, n,

@@ -360,6 +360,55 @@ def wgrad_kernel(
 
 
 @triton.jit
+def wgrad_tma_kernel(
+    a_desc, b_desc, offs_ptr, out_ptr, M, N, stride_oe, stride_om, stride_on,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """``wgrad_kernel`` on operands already in sorted-row order, read through Hopper's TMA:
+    ``out[e] = A[rows of e]^T @ B[rows of e]``, A ``[R, M]`` and B ``[R, N]`` tensor descriptors of
+    blocks ``[BLOCK_K, BLOCK_M]`` and ``[BLOCK_K, BLOCK_N]``. TMA cannot gather, so a gathered
+    operand is copied into row order first (:func:`.moe._wgrad`). Whole blocks of rows go from
+    shared memory straight into the MMA; the expert's last, partial block is loaded whole (its
+    tail rows belong to the next expert, or lie past the end, where TMA fills zeros) and those
+    rows zeroed in registers. Programs: (expert, M-tile, N-tile), N fastest; an expert with no
+    rows writes zeros."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    expert = pid // (num_m * num_n)
+    rem = pid % (num_m * num_n)
+    m0 = (rem // num_n) * BLOCK_M
+    n0 = (rem % num_n) * BLOCK_N
+    start = tl.load(offs_ptr + expert).to(tl.int32)
+    end = tl.load(offs_ptr + expert + 1).to(tl.int32)
+    full_end = start + (end - start) // BLOCK_K * BLOCK_K
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for r0 in range(start, full_end, BLOCK_K):  # whole blocks: straight from shared memory into the MMA
+        a = a_desc.load([r0, m0])
+        b = b_desc.load([r0, n0])
+        if UPCAST:
+            acc = tl.dot(a.to(tl.float32).T, b.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a.T, b, acc)
+    if full_end < end:  # the partial block: rows past the expert's end belong to the next one
+        keep = (full_end + tl.arange(0, BLOCK_K)) < end
+        a = a_desc.load([full_end, m0])
+        b = b_desc.load([full_end, n0])
+        a = tl.where(keep[:, None], a, tl.zeros_like(a))
+        b = tl.where(keep[:, None], b, tl.zeros_like(b))
+        if UPCAST:
+            acc = tl.dot(a.to(tl.float32).T, b.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a.T, b, acc)
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    ptrs = out_ptr + expert.to(tl.int64) * stride_oe + offs_m[:, None].to(tl.int64) * stride_om \
+        + offs_n[None, :] * stride_on
+    # the shipped kernels' cast: round to nearest even under the interpreter too (it truncates)
+    tl.store(ptrs, _to_out(acc, out_ptr.dtype.element_ty, UPCAST), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+@triton.jit
 def combine_kernel(
     y_ptr, idx_ptr, out_ptr,
     T, N, E,
