@@ -20,15 +20,14 @@ and for ``dh`` (``grad_out[token] @ down_proj[e]`` with the SiLU·up backward ep
 slowest GEMM against CUTLASS in ``benchmarks/results/h100-2026-11-25-moe``):
 
 * ``shipped``: ``kernels.moe._dh`` (the gather inside);
-* ``gathered + tma ...``: :func:`dh_tma_kernel`, the same epilogue (``_dh_epilogue``) after a main
-  loop whose A (the gathered ``grad_out`` rows, the copy ``d down_proj`` could share) and B
+* ``gathered + tma ...``: the plugin's ``dh_tma_kernel`` (``GemmConfig(..., tma=True)``), the same
+  epilogue (``_dh_epilogue``) after a main loop whose A (the gathered ``grad_out`` rows, the copy ``d down_proj`` could share) and B
   (``down_proj`` as ``[E*H, I]``) are tensor descriptors;
 * ``gathered + torch._grouped_mm (no epilogue)``: the GEMM alone, what the epilogue costs.
 
 Each line has the median (``triton.testing.do_bench``), TFLOP/s and the worst error against a
 float32 reference, relative to its largest magnitude. The figures decide whether ``moe_experts``'
-sm90 table turns ``tma`` on for the weight gradients, and whether the dh kernel here (not used by
-the plugin) is worth taking into it (results under ``benchmarks/results/``). ``TRITON_INTERPRET=1 VEOMNI_GPU_SMOKE=1`` runs the plumbing on the
+sm90 table turns ``tma`` on for the weight gradients and dh (results under ``benchmarks/results/``). ``TRITON_INTERPRET=1 VEOMNI_GPU_SMOKE=1`` runs the plumbing on the
 CPU at tiny shapes (no timing worth reading).
 """
 
@@ -40,60 +39,8 @@ import sys
 
 import torch
 import triton
-import triton.language as tl
 from _setup import SMOKE, device, pick
 from tune_moe import forward_saved, moe_inputs, timed
-from veomni_triton.kernels.moe_kernels import _dh_epilogue
-
-
-@triton.jit
-def dh_tma_kernel(
-    a_desc, b_desc, perm_ptr, rw_ptr, offs_ptr, tile_expert_ptr, tile_start_ptr, gu_ptr, dgu_ptr, dwp_ptr, hw_ptr,
-    E, INTER, H, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    """``dh_bwd_kernel`` with TMA loads: A = the gathered ``grad_out`` rows ``[TK, H]`` in expert
-    order, B = ``down_proj`` as ``[E*H, I]`` (H a multiple of BLOCK_K). Rows of a tile past its
-    expert's end compute garbage that the epilogue's masks never store."""
-    pid = tl.program_id(0)
-    num_n = (INTER + BLOCK_N - 1) // BLOCK_N
-    pid_m = pid // num_n
-    pid_n = pid % num_n
-    expert = tl.load(tile_expert_ptr + pid_m)
-    if expert >= E:
-        return
-    row_start = tl.load(tile_start_ptr + pid_m)
-    row_end = tl.load(offs_ptr + expert + 1).to(tl.int32)
-    rows = row_start + tl.arange(0, BLOCK_M)
-    rmask = rows < row_end
-    route = tl.load(perm_ptr + rows, mask=rmask, other=0)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = offs_n < INTER
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    b_row = expert * H
-    for k0 in range(0, H, BLOCK_K):
-        a = a_desc.load([row_start, k0])
-        b = b_desc.load([b_row + k0, pid_n * BLOCK_N])
-        if UPCAST:
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        acc = tl.dot(a, b, acc)
-    _dh_epilogue(acc, rows, rmask, route, offs_n, nmask, rw_ptr, gu_ptr, dgu_ptr, dwp_ptr, hw_ptr, INTER, num_n, pid_n,
-                 True, UPCAST)
-
-
-def dh_tma(M, go_rows, perm, w, down, tiles, gu, dgu, dwp, hw, k, cfg: tuple) -> None:
-    """Launch :func:`dh_tma_kernel`; ``cfg`` = (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    bm, bn, bk, warps, stages = cfg
-    e, h, inter = down.shape
-    a_desc = TensorDescriptor.from_tensor(go_rows, [bm, bk])
-    b_desc = TensorDescriptor.from_tensor(down.view(e * h, inter), [bk, bn])
-    tile_expert, tile_start, m_tiles = tiles.get(bm)
-    dh_tma_kernel[(m_tiles * triton.cdiv(inter, bn),)](
-        a_desc, b_desc, perm, w, tiles.offs, tile_expert, tile_start, gu, dgu, dwp, hw, e, inter, h,
-        UPCAST=SMOKE, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
-
 
 #: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) tried for the TMA weight-gradient kernel.
 TMA_CONFIGS = [(128, 128, 64, 4, 3), (128, 128, 64, 4, 4), (128, 128, 64, 8, 4), (128, 256, 64, 8, 3),
@@ -176,7 +123,8 @@ def dh_gemm(M, grad, perm, offs, w, down, gu, k: int, cfg_shipped, configs: list
                                          cfg_shipped, hw=hw)}
     for cfg in configs:
         label = "gathered + tma " + "x".join(map(str, cfg[:3])) + f"/{cfg[3]}w/{cfg[4]}s"
-        variants[label] = lambda cfg=cfg: dh_tma(M, go_rows, perm, w, down, tiles, gu, dgu, dwp(cfg[1]), hw, k, cfg)
+        variants[label] = lambda cfg=cfg: M._dh(grad, perm, w, down, tiles, gu, dgu, dwp(cfg[1]), k,
+                                                M.GemmConfig(*cfg, tma=True), hw=hw, go_rows=go_rows)
     if hasattr(torch, "_grouped_mm") and not SMOKE:
         variants["gathered + torch._grouped_mm (no epilogue)"] = lambda: dgu[:, :inter].copy_(
             torch._grouped_mm(go_rows, down, offs=offs[1:].to(torch.int32)))

@@ -7,6 +7,8 @@ case forces 16-wide tiles so that every kernel loops and masks on every edge.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -136,21 +138,22 @@ def test_odd_sizes_small_tiles_strided_input():
 
 
 @pytest.mark.parametrize("dtype,routing", [(BF16, "random"), (BF16, "skewed_dup"), (torch.float16, "sentinel")])
-def test_weight_gradients_through_tma(dtype, routing):
-    # GemmConfig(tma=True): the gathered operand copied into row order, both operands read through
+@pytest.mark.parametrize("kinds", [("wgrad",), ("dh",), ("dh", "wgrad")])
+def test_backward_through_tma(dtype, routing, kinds):
+    # GemmConfig(tma=True): grad_out / x rows copied into sorted-row order, operands read through
     # tensor descriptors; 16-row blocks, so experts end inside a block and blocks span two experts
     t, h, inter, e, k = 40, 32, 48, 6, 2
     x, idx, w, gate_up, down = make_inputs(t, h, inter, e, k, dtype, routing)
     grad = torch.randn(t, h)
-    with M.override_configs(wgrad=GemmConfig(32, 16, 16, 4, 1, tma=True)):
+    cfg = GemmConfig(32, 16, 16, 4, 1)
+    with M.override_configs(**{kind: replace(cfg, tma=True) for kind in kinds}):
         ours = run(M.moe_experts, x, idx, w, gate_up, down, grad)
     ref = run(reference, x, idx, w, gate_up, down, grad, cast=torch.float64)
-    check_against(ours, ref, f"{dtype} {routing} tma", t * k / e, inter)
-    with M.override_configs(wgrad=GemmConfig(32, 16, 16, 4, 1)):
+    check_against(ours, ref, f"{dtype} {routing} tma {kinds}", t * k / e, inter)
+    with M.override_configs(**{kind: cfg for kind in kinds}):
         gathering = run(M.moe_experts, x, idx, w, gate_up, down, grad)
-    for name, a, b in zip(NAMES, ours, gathering):
-        if name in ("d_gate_up_proj", "d_down_proj"):  # the same sums in the same order
-            torch.testing.assert_close(a, b, rtol=0, atol=0, msg=f"{name}: the TMA path differs from the gathering one")
+    for name, a, b in zip(NAMES, ours, gathering):  # the same sums in the same order
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=f"{name}: the TMA path differs from the gathering one")
 
 
 @pytest.mark.parametrize("block_m", [16, 1])  # 1: 81 tile ids, more than one program of the map kernel

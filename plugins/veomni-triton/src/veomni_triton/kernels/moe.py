@@ -60,6 +60,7 @@ from .launch import as_rows, launch_device, next_pow2
 from .moe_kernels import (
     combine_kernel,
     dh_bwd_kernel,
+    dh_tma_kernel,
     gate_up_fwd_kernel,
     grouped_scatter_kernel,
     tile_map_kernel,
@@ -80,9 +81,10 @@ class GemmConfig:
     block_k: int
     num_warps: int
     num_stages: int
-    #: weight gradients only: copy a gathered operand into sorted-row order once and read both
-    #: operands through Hopper's TMA (``wgrad_tma_kernel``); 16-bit operands whose rows are whole
-    #: 16-byte units, else the gathering kernel runs
+    #: weight gradients and dh: copy a gathered operand into sorted-row order once and read the
+    #: operands through Hopper's TMA (``wgrad_tma_kernel``, ``dh_tma_kernel``); only for 16-bit
+    #: operands whose rows are whole 16-byte units (see ``_tma_rows``, ``_dh_tma_ok``), else the
+    #: gathering kernel runs
     tma: bool = False
 
 
@@ -297,13 +299,26 @@ def _gate_up(
 def _dh(
     go: torch.Tensor, perm: torch.Tensor, weights: torch.Tensor, down_proj: torch.Tensor, tiles: _Tiles,
     gu: torch.Tensor, dgu: torch.Tensor, dwp: torch.Tensor, topk: int, cfg: GemmConfig,
-    hw: torch.Tensor | None = None,
+    hw: torch.Tensor | None = None, go_rows: torch.Tensor | None = None,
 ) -> None:
     """dgu[row] = d[g | u] and dwp[route, n-tile] partials of d top_k_weights (see ``dh_bwd_kernel``);
-    ``hw[row] = w_r * silu(g) * u`` too when ``hw`` is given."""
+    ``hw[row] = w_r * silu(g) * u`` too when ``hw`` is given. With ``go_rows`` (``grad_out``
+    already gathered into sorted-row order, see :func:`_dh_tma_ok`) the TMA kernel runs."""
     num_experts, h, inter = down_proj.shape
     num_n = triton.cdiv(inter, cfg.block_n)
     tile_expert, tile_start, m_tiles = tiles.get(cfg.block_m)
+    if go_rows is not None:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        dh_tma_kernel[(m_tiles * num_n,)](
+            TensorDescriptor.from_tensor(go_rows, [cfg.block_m, cfg.block_k]),
+            TensorDescriptor.from_tensor(down_proj.view(num_experts * h, inter), [cfg.block_k, cfg.block_n]),
+            perm, weights, tiles.offs, tile_expert, tile_start, gu, dgu, dwp, dgu if hw is None else hw,
+            num_experts, inter, h, STORE_HW=hw is not None, UPCAST=interpreter_active(),
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+        return
     dh_bwd_kernel[(m_tiles * num_n,)](
         go, perm, weights, down_proj, tiles.offs, tile_expert, tile_start, gu, dgu, dwp,
         dgu if hw is None else hw, num_experts, inter, h,
@@ -320,6 +335,14 @@ def _tma_rows(t: torch.Tensor) -> bool:
     whole 16-byte units on a 16-byte aligned base (the tensor-descriptor rules)."""
     return (t.dtype in (torch.bfloat16, torch.float16) and t.dim() == 2 and t.stride(1) == 1
             and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0)
+
+
+def _dh_tma_ok(go: torch.Tensor, down_proj: torch.Tensor, cfg: GemmConfig) -> bool:
+    """Whether the dh GEMM can take its TMA kernel: ``cfg.tma``, 16-bit rows TMA can read, and
+    ``down_proj`` one contiguous ``[E*H, I]`` whose H is whole K-blocks (no block spans two experts)."""
+    num_experts, h, inter = down_proj.shape
+    return (cfg.tma and _tma_rows(go) and down_proj.is_contiguous() and h % cfg.block_k == 0
+            and _tma_rows(down_proj.view(num_experts * h, inter)))
 
 
 def _wgrad(
@@ -452,11 +475,15 @@ def _moe_bwd(
         # one fp32 partial of <y_r, grad_out_t> per (route, N-tile); routes no expert owns stay 0
         dwp = torch.zeros((tk, num_n), device=dev, dtype=torch.float32)
         hw = torch.empty((tk, inter), device=dev, dtype=dt) if need_down else None
-        _dh(go, perm, top_k_weights, down_proj, tiles, gu, dgu, dwp, k, cfg, hw=hw)
+        # TMA cannot gather: grad_out's rows copied once into sorted-row order serve both dh and d down_proj
+        go_rows = go.index_select(0, perm // k) if _dh_tma_ok(go, down_proj, cfg) else None
+        _dh(go, perm, top_k_weights, down_proj, tiles, gu, dgu, dwp, k, cfg, hw=hw, go_rows=go_rows)
         if hw is not None:
             # d down_proj[e][h, i] = sum_r grad_out[token(r), h] * hw[r, i]
-            _wgrad(go, True, hw, False, perm, offs, dd_w, k, _config("wgrad_down", dev, dt, rpe))
+            _wgrad(go if go_rows is None else go_rows, go_rows is None, hw, False, perm, offs, dd_w, k,
+                   _config("wgrad_down", dev, dt, rpe))
             del hw
+        del go_rows
         if need_weights:
             dw = dwp.sum(dim=1).view(t, k).to(top_k_weights.dtype)
         if need_gate_up:

@@ -293,6 +293,43 @@ def dh_bwd_kernel(
 
 
 @triton.jit
+def dh_tma_kernel(
+    a_desc, b_desc, perm_ptr, rw_ptr, offs_ptr, tile_expert_ptr, tile_start_ptr, gu_ptr, dgu_ptr, dwp_ptr, hw_ptr,
+    E, INTER, H, STORE_HW: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """``dh_bwd_kernel`` with TMA loads: A = ``grad_out`` rows already gathered into sorted-row
+    order ``[TK, H]``, B = ``down_proj`` as ``[E*H, I]`` (H a multiple of BLOCK_K, so a block never
+    reaches into the next expert). Rows of a tile past its expert's end compute values the
+    epilogue's masks never store; the epilogue is ``dh_bwd_kernel``'s."""
+    pid = tl.program_id(0)
+    num_n = (INTER + BLOCK_N - 1) // BLOCK_N
+    pid_m = pid // num_n
+    pid_n = pid % num_n
+    expert = tl.load(tile_expert_ptr + pid_m)
+    if expert >= E:
+        return
+    row_start = tl.load(tile_start_ptr + pid_m)
+    row_end = tl.load(offs_ptr + expert + 1).to(tl.int32)
+    rows = row_start + tl.arange(0, BLOCK_M)
+    rmask = rows < row_end
+    route = tl.load(perm_ptr + rows, mask=rmask, other=0)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = offs_n < INTER
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    b_row = expert * H
+    for k0 in range(0, H, BLOCK_K):
+        a = a_desc.load([row_start, k0])
+        b = b_desc.load([b_row + k0, pid_n * BLOCK_N])
+        if UPCAST:
+            acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+    _dh_epilogue(acc, rows, rmask, route, offs_n, nmask, rw_ptr, gu_ptr, dgu_ptr, dwp_ptr, hw_ptr, INTER, num_n, pid_n,
+                 STORE_HW, UPCAST)
+
+
+@triton.jit
 def wgrad_kernel(
     a_ptr, b_ptr, perm_ptr, offs_ptr, out_ptr,
     M, N,
