@@ -25,6 +25,9 @@ slowest GEMM against CUTLASS in ``benchmarks/results/h100-2026-11-25-moe``):
   (``down_proj`` as ``[E*H, I]``) are tensor descriptors;
 * ``gathered + torch._grouped_mm (no epilogue)``: the GEMM alone, what the epilogue costs.
 
+Last, the whole op (fwd+bwd) with the shipped table and with ``tma`` on at the fastest TMA
+configurations found, in the same process.
+
 Each line has the median (``triton.testing.do_bench``), TFLOP/s and the worst error against a
 float32 reference, relative to its largest magnitude. The figures decide whether ``moe_experts``'
 sm90 table turns ``tma`` on for the weight gradients and dh (results under ``benchmarks/results/``). ``TRITON_INTERPRET=1 VEOMNI_GPU_SMOKE=1`` runs the plumbing on the
@@ -133,6 +136,51 @@ def dh_gemm(M, grad, perm, offs, w, down, gu, k: int, cfg_shipped, configs: list
     return measure("dh", variants, lambda: dgu.float(), ref, 2 * tk * h * inter)
 
 
+def best_tma(rows: list[dict], gname: str):
+    """The fastest ``gathered + tma`` configuration measured for ``gname`` (None if none ran)."""
+    timed_rows = [r for r in rows if r["gemm"] == gname and r["variant"].startswith("gathered + tma") and "ms" in r]
+    if not timed_rows:
+        return None
+    best = min(timed_rows, key=lambda r: r["ms"])["variant"].split()[-1]  # BMxBNxBK/Ww/Ss
+    dims, warps, stages = best.split("/")
+    return tuple(int(v) for v in dims.split("x")) + (int(warps[:-1]), int(stages[:-1]))
+
+
+def whole_op(M, rows: list[dict], x, idx, w, gate_up, down, grad) -> list[dict]:
+    """``moe_experts`` fwd+bwd (do_bench median) with the shipped table, then with ``tma`` on for
+    the weight gradients, dh, and both, each at the fastest TMA configuration measured above;
+    outputs and gradients compared with the shipped table's (relative to their largest value)."""
+    leaves = [p.detach().clone().requires_grad_() for p in (x, w, gate_up, down)]
+
+    def step():
+        for p in leaves:
+            p.grad = None
+        M.moe_experts(leaves[0], idx, leaves[1], leaves[2], leaves[3]).backward(grad)
+        return [p.grad.float() for p in leaves]
+
+    wg = {g: best_tma(rows, g) for g in ("d down_proj", "d gate_up_proj", "dh")}
+    tma = {}
+    if wg["d down_proj"]:
+        tma["wgrad_down"] = M.GemmConfig(*wg["d down_proj"], tma=True)
+    if wg["d gate_up_proj"]:
+        tma["wgrad_gate_up"] = M.GemmConfig(*wg["d gate_up_proj"], tma=True)
+    dh = {"dh": M.GemmConfig(*wg["dh"], tma=True)} if wg["dh"] else {}
+    variants = {"shipped table": {}, "tma weight gradients": tma, "tma dh": dh, "tma both": {**tma, **dh}}
+    print("\nmoe_experts fwd+bwd, whole op:", flush=True)
+    base = step()
+    out: list[dict] = []
+    for vname, cfgs in variants.items():
+        with M.override_configs(**cfgs):
+            got = step()
+            diff = max(((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item() for a, b in zip(got, base))
+            ms = timed(step)
+        print(f"  {vname:24s} {ms:9.4f} ms  grads vs the shipped table {diff:.2e}  "
+              f"{ {k: tuple(v.__dict__.values()) for k, v in cfgs.items()} }", flush=True)
+        out.append({"gemm": "moe_experts fwd+bwd", "variant": vname, "ms": ms, "rel_diff_vs_shipped": diff,
+                    "configs": {k: list(v.__dict__.values()) for k, v in cfgs.items()}})
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json")
@@ -163,6 +211,7 @@ def main() -> int:
         rows += one_gemm(M, gname, a, a_g, b, b_g, shape, perm, offs, k, e, cfg_shipped, tma_configs)
     rows += dh_gemm(M, grad, perm, offs, w, down, gu, k, M._config("dh", dev, dt, tk / e),
                     [(16, 16, 16, 4, 1)] if SMOKE else DH_CONFIGS)
+    rows += whole_op(M, rows, x, idx, w, gate_up, down, grad)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": name, "shape": dict(T=t, H=h, I=inter, E=e, K=k), "rows": rows}, f, indent=1)
