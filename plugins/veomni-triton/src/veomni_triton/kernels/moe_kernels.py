@@ -62,6 +62,21 @@ def tile_map_kernel(
 
 
 @triton.jit
+def _m_tile(tile_expert_ptr, tile_start_ptr, offs_ptr, E, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """This program's place in an M-grouped GEMM (programs ordered N-tile fastest): its N-tile,
+    the number of N-tiles, its expert (``>= E``: no work, the kernel returns), its first sorted row,
+    its ``BLOCK_M`` sorted rows and which of them are the expert's."""
+    pid = tl.program_id(0)
+    num_n = (N + BLOCK_N - 1) // BLOCK_N
+    pid_m = pid // num_n
+    expert = tl.load(tile_expert_ptr + pid_m)
+    row_start = tl.load(tile_start_ptr + pid_m)
+    row_end = tl.load(offs_ptr + expert + 1, mask=expert < E, other=0).to(tl.int32)
+    rows = row_start + tl.arange(0, BLOCK_M)
+    return pid % num_n, num_n, expert, row_start, rows, rows < row_end
+
+
+@triton.jit
 def _to_out(x, DT: tl.constexpr, UPCAST: tl.constexpr):
     """fp32 -> output dtype with round-to-nearest-even.
 
@@ -91,17 +106,10 @@ def gate_up_fwd_kernel(
     The A rows are gathered from ``x`` through ``perm`` (no gathered copy). One program owns
     BLOCK_N columns of both g and u (two accumulators), so the SiLU·up epilogue is local.
     """
-    pid = tl.program_id(0)
-    num_n = (INTER + BLOCK_N - 1) // BLOCK_N
-    pid_m = pid // num_n
-    pid_n = pid % num_n
-    expert = tl.load(tile_expert_ptr + pid_m)
+    pid_n, num_n, expert, row_start, rows, rmask = _m_tile(tile_expert_ptr, tile_start_ptr, offs_ptr, E, INTER,
+                                                           BLOCK_M, BLOCK_N)
     if expert >= E:
         return
-    row_start = tl.load(tile_start_ptr + pid_m)
-    row_end = tl.load(offs_ptr + expert + 1).to(tl.int32)
-    rows = row_start + tl.arange(0, BLOCK_M)
-    rmask = rows < row_end
     # rows past the expert's end read route 0: valid memory, never stored
     route = tl.load(perm_ptr + rows, mask=rmask, other=0)
     tok = (route // TOPK).to(tl.int64)
@@ -164,17 +172,10 @@ def grouped_scatter_kernel(
     Forward down projection (A = w·h, B = down_proj[e]^T) and backward dx (A = d[g|u],
     B = gate_up_proj[e]). Each sorted row is written once, to its route's slot: no atomics.
     """
-    pid = tl.program_id(0)
-    num_n = (N + BLOCK_N - 1) // BLOCK_N
-    pid_m = pid // num_n
-    pid_n = pid % num_n
-    expert = tl.load(tile_expert_ptr + pid_m)
+    pid_n, num_n, expert, row_start, rows, rmask = _m_tile(tile_expert_ptr, tile_start_ptr, offs_ptr, E, N,
+                                                           BLOCK_M, BLOCK_N)
     if expert >= E:
         return
-    row_start = tl.load(tile_start_ptr + pid_m)
-    row_end = tl.load(offs_ptr + expert + 1).to(tl.int32)
-    rows = row_start + tl.arange(0, BLOCK_M)
-    rmask = rows < row_end
     # rows past the expert's end re-read the tile's first row: valid memory, never stored
     safe_rows = tl.where(rmask, rows, row_start).to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
@@ -252,17 +253,10 @@ def dh_bwd_kernel(
     written to ``dwp[r, pid_n]``), ``dh = w_r * dhu``, ``dg = dh*u*silu'(g)``, ``du = dh*silu(g)``
     stored as ``dgu[row] = [dg | du]``; with ``STORE_HW``, ``hw[row] = w_r * silu(g) * u`` too.
     """
-    pid = tl.program_id(0)
-    num_n = (INTER + BLOCK_N - 1) // BLOCK_N
-    pid_m = pid // num_n
-    pid_n = pid % num_n
-    expert = tl.load(tile_expert_ptr + pid_m)
+    pid_n, num_n, expert, row_start, rows, rmask = _m_tile(tile_expert_ptr, tile_start_ptr, offs_ptr, E, INTER,
+                                                           BLOCK_M, BLOCK_N)
     if expert >= E:
         return
-    row_start = tl.load(tile_start_ptr + pid_m)
-    row_end = tl.load(offs_ptr + expert + 1).to(tl.int32)
-    rows = row_start + tl.arange(0, BLOCK_M)
-    rmask = rows < row_end
     route = tl.load(perm_ptr + rows, mask=rmask, other=0)
     tok = (route // TOPK).to(tl.int64)
     offs_k = tl.arange(0, BLOCK_K)
@@ -302,17 +296,10 @@ def dh_tma_kernel(
     order ``[TK, H]``, B = ``down_proj`` as ``[E*H, I]`` (H a multiple of BLOCK_K, so a block never
     reaches into the next expert). Rows of a tile past its expert's end compute values the
     epilogue's masks never store; the epilogue is ``dh_bwd_kernel``'s."""
-    pid = tl.program_id(0)
-    num_n = (INTER + BLOCK_N - 1) // BLOCK_N
-    pid_m = pid // num_n
-    pid_n = pid % num_n
-    expert = tl.load(tile_expert_ptr + pid_m)
+    pid_n, num_n, expert, row_start, rows, rmask = _m_tile(tile_expert_ptr, tile_start_ptr, offs_ptr, E, INTER,
+                                                           BLOCK_M, BLOCK_N)
     if expert >= E:
         return
-    row_start = tl.load(tile_start_ptr + pid_m)
-    row_end = tl.load(offs_ptr + expert + 1).to(tl.int32)
-    rows = row_start + tl.arange(0, BLOCK_M)
-    rmask = rows < row_end
     route = tl.load(perm_ptr + rows, mask=rmask, other=0)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = offs_n < INTER
