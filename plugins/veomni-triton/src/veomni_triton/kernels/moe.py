@@ -354,7 +354,7 @@ def _wgrad(
     if cfg.tma and _tma_rows(a) and _tma_rows(b):
         from triton.tools.tensor_descriptor import TensorDescriptor
 
-        tokens = perm // topk if a_gather or b_gather else None
+        tokens = perm // topk
         a_rows = a.index_select(0, tokens) if a_gather else a
         b_rows = b.index_select(0, tokens) if b_gather else b
         grid = (num_experts * triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
