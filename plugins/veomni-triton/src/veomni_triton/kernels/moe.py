@@ -351,13 +351,15 @@ def _wgrad(
 ) -> None:
     """out[e] = A_e^T @ B_e over the rows of expert e (A: [rows, M], B: [rows, N])."""
     num_experts, m, n = out.shape
+    grid = (num_experts * triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
     if cfg.tma and _tma_rows(a) and _tma_rows(b):
         from triton.tools.tensor_descriptor import TensorDescriptor
 
-        tokens = perm // topk
-        a_rows = a.index_select(0, tokens) if a_gather else a
-        b_rows = b.index_select(0, tokens) if b_gather else b
-        grid = (num_experts * triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
+        a_rows, b_rows = a, b
+        if a_gather or b_gather:  # TMA cannot gather: the gathered operand copied into row order
+            tokens = perm // topk
+            a_rows = a.index_select(0, tokens) if a_gather else a
+            b_rows = b.index_select(0, tokens) if b_gather else b
         wgrad_tma_kernel[grid](
             TensorDescriptor.from_tensor(a_rows, [cfg.block_k, cfg.block_m]),
             TensorDescriptor.from_tensor(b_rows, [cfg.block_k, cfg.block_n]),
@@ -366,7 +368,6 @@ def _wgrad(
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
         return
-    grid = (num_experts * triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
     wgrad_kernel[grid](
         a, b, perm, offs, out, m, n,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1), out.stride(2),
