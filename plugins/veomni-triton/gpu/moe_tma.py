@@ -21,8 +21,8 @@ slowest GEMM against CUTLASS in ``benchmarks/results/h100-2026-11-25-moe``):
 
 * ``shipped``: ``kernels.moe._dh`` (the gather inside);
 * ``gathered + tma ...``: the plugin's ``dh_tma_kernel`` (``GemmConfig(..., tma=True)``), the same
-  epilogue (``_dh_epilogue``) after a main loop whose A (the gathered ``grad_out`` rows, the copy ``d down_proj`` could share) and B
-  (``down_proj`` as ``[E*H, I]``) are tensor descriptors;
+  epilogue (``_dh_epilogue``) after a main loop whose A (the gathered ``grad_out`` rows, the copy
+  ``d down_proj`` shares) and B (``down_proj`` as ``[E*H, I]``) are tensor descriptors;
 * ``gathered + torch._grouped_mm (no epilogue)``: the GEMM alone, what the epilogue costs.
 
 Last, the whole op (fwd+bwd) with the shipped table and with ``tma`` on at the fastest TMA
@@ -30,8 +30,9 @@ configurations found, in the same process.
 
 Each line has the median (``triton.testing.do_bench``), TFLOP/s and the worst error against a
 float32 reference, relative to its largest magnitude. The figures decide whether ``moe_experts``'
-sm90 table turns ``tma`` on for the weight gradients and dh (results under ``benchmarks/results/``). ``TRITON_INTERPRET=1 VEOMNI_GPU_SMOKE=1`` runs the plumbing on the
-CPU at tiny shapes (no timing worth reading).
+sm90 table turns ``tma`` on for the weight gradients and dh (results under ``benchmarks/results/``).
+``TRITON_INTERPRET=1 VEOMNI_GPU_SMOKE=1`` runs the plumbing on the CPU at tiny shapes (no timing
+worth reading).
 """
 
 from __future__ import annotations
@@ -53,6 +54,11 @@ DH_CONFIGS = [(128, 128, 64, 8, 4), (128, 128, 64, 8, 3), (128, 64, 64, 4, 4), (
               (128, 128, 128, 8, 3), (64, 128, 64, 4, 4), (128, 256, 64, 8, 3)]
 
 
+def tma_label(cfg: tuple) -> str:
+    """``gathered + tma BMxBNxBK/Ww/Ss`` for a (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) tuple."""
+    return "gathered + tma " + "x".join(map(str, cfg[:3])) + f"/{cfg[3]}w/{cfg[4]}s"
+
+
 def reference(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor, e: int) -> torch.Tensor:
     o = offs.tolist()
     return torch.stack([a[o[i]:o[i + 1]].float().T @ b[o[i]:o[i + 1]].float() for i in range(e)])
@@ -68,16 +74,15 @@ def one_gemm(M, gname: str, a: torch.Tensor, a_g: bool, b: torch.Tensor, b_g: bo
     ref = reference(a_rows, b_rows, offs, e)
     out = torch.empty(shape, device=a.device, dtype=a.dtype)
     variants = {
-        "shipped": lambda: M._wgrad(a, a_g, b, b_g, perm, offs, out, k, cfg_shipped),
-        "gathered + shipped": lambda: M._wgrad(a_rows, False, b_rows, False, perm, offs, out, k, cfg_shipped),
+        "shipped": (lambda: M._wgrad(a, a_g, b, b_g, perm, offs, out, k, cfg_shipped), None),
+        "gathered + shipped": (lambda: M._wgrad(a_rows, False, b_rows, False, perm, offs, out, k, cfg_shipped), None),
     }
     for cfg in tma_configs:
-        label = "gathered + tma " + "x".join(map(str, cfg[:3])) + f"/{cfg[3]}w/{cfg[4]}s"
-        variants[label] = lambda cfg=cfg: M._wgrad(a_rows, False, b_rows, False, perm, offs, out, k,
-                                                   M.GemmConfig(*cfg, tma=True))
+        variants[tma_label(cfg)] = (lambda cfg=cfg: M._wgrad(a_rows, False, b_rows, False, perm, offs, out, k,
+                                                             M.GemmConfig(*cfg, tma=True)), cfg)
     if hasattr(torch, "_grouped_mm") and not SMOKE:
-        variants["gathered + torch._grouped_mm"] = lambda: out.copy_(
-            torch._grouped_mm(a_rows.t(), b_rows, offs=offs[1:].to(torch.int32)))
+        variants["gathered + torch._grouped_mm"] = (lambda: out.copy_(
+            torch._grouped_mm(a_rows.t(), b_rows, offs=offs[1:].to(torch.int32))), None)
     gathered = a if a_g else b
     copy_ms = timed(lambda: gathered.index_select(0, tokens))
     print(f"\n{gname}: out {tuple(shape)}; the gather copy alone {copy_ms:.4f} ms", flush=True)
@@ -86,17 +91,18 @@ def one_gemm(M, gname: str, a: torch.Tensor, a_g: bool, b: torch.Tensor, b_g: bo
 
 
 def measure(gname: str, variants: dict, result, ref: torch.Tensor, flops: int) -> list[dict]:
-    """Run, check (worst error relative to ``ref``'s largest magnitude) and time each variant."""
+    """Run, check (worst error relative to ``ref``'s largest magnitude) and time each variant
+    (name: (function, its TMA tile tuple or None))."""
     scale = ref.abs().max().item()
     rows: list[dict] = []
-    for vname, fn in variants.items():
+    for vname, (fn, tma_cfg) in variants.items():
         try:
             fn()
             err = ((result() - ref).abs().max().item() / scale) if scale else 0.0
             ms = timed(fn)
             note = f"{ms:9.4f} ms  {flops / (ms * 1e-3) / 1e12:6.0f} TFLOP/s  error {err:.2e}"
             rows.append({"gemm": gname, "variant": vname, "ms": ms, "tflops": flops / (ms * 1e-3) / 1e12,
-                         "rel_error": err})
+                         "rel_error": err, "tma_config": tma_cfg})
         except Exception as ex:  # a configuration out of resources, an API this Triton lacks: next
             note = f"ERROR {type(ex).__name__}: {str(ex)[:160]}"
             rows.append({"gemm": gname, "variant": vname, "error": note})
@@ -122,28 +128,23 @@ def dh_gemm(M, grad, perm, offs, w, down, gu, k: int, cfg_shipped, configs: list
     def dwp(bn: int) -> torch.Tensor:
         return torch.zeros((tk, triton.cdiv(inter, bn)), device=grad.device, dtype=torch.float32)
 
-    variants = {"shipped": lambda: M._dh(grad, perm, w, down, tiles, gu, dgu, dwp(cfg_shipped.block_n), k,
-                                         cfg_shipped, hw=hw)}
+    variants = {"shipped": (lambda: M._dh(grad, perm, w, down, tiles, gu, dgu, dwp(cfg_shipped.block_n), k,
+                                          cfg_shipped, hw=hw), None)}
     for cfg in configs:
-        label = "gathered + tma " + "x".join(map(str, cfg[:3])) + f"/{cfg[3]}w/{cfg[4]}s"
-        variants[label] = lambda cfg=cfg: M._dh(grad, perm, w, down, tiles, gu, dgu, dwp(cfg[1]), k,
-                                                M.GemmConfig(*cfg, tma=True), hw=hw, go_rows=go_rows)
+        variants[tma_label(cfg)] = (lambda cfg=cfg: M._dh(grad, perm, w, down, tiles, gu, dgu, dwp(cfg[1]), k,
+                                                          M.GemmConfig(*cfg, tma=True), hw=hw, go_rows=go_rows), cfg)
     if hasattr(torch, "_grouped_mm") and not SMOKE:
-        variants["gathered + torch._grouped_mm (no epilogue)"] = lambda: dgu[:, :inter].copy_(
-            torch._grouped_mm(go_rows, down, offs=offs[1:].to(torch.int32)))
+        variants["gathered + torch._grouped_mm (no epilogue)"] = (lambda: dgu[:, :inter].copy_(
+            torch._grouped_mm(go_rows, down, offs=offs[1:].to(torch.int32))), None)
     print(f"\ndh: [{tk}, {2 * inter}] from grad_out rows and down_proj; the shipped config "
           f"{tuple(cfg_shipped.__dict__.values())}", flush=True)
     return measure("dh", variants, lambda: dgu.float(), ref, 2 * tk * h * inter)
 
 
 def best_tma(rows: list[dict], gname: str):
-    """The fastest ``gathered + tma`` configuration measured for ``gname`` (None if none ran)."""
-    timed_rows = [r for r in rows if r["gemm"] == gname and r["variant"].startswith("gathered + tma") and "ms" in r]
-    if not timed_rows:
-        return None
-    best = min(timed_rows, key=lambda r: r["ms"])["variant"].split()[-1]  # BMxBNxBK/Ww/Ss
-    dims, warps, stages = best.split("/")
-    return tuple(int(v) for v in dims.split("x")) + (int(warps[:-1]), int(stages[:-1]))
+    """The fastest TMA tile tuple measured for ``gname`` (None if none ran)."""
+    timed_rows = [r for r in rows if r["gemm"] == gname and r.get("tma_config") and "ms" in r]
+    return min(timed_rows, key=lambda r: r["ms"])["tma_config"] if timed_rows else None
 
 
 def whole_op(M, rows: list[dict], x, idx, w, gate_up, down, grad) -> list[dict]:
@@ -158,13 +159,11 @@ def whole_op(M, rows: list[dict], x, idx, w, gate_up, down, grad) -> list[dict]:
         M.moe_experts(leaves[0], idx, leaves[1], leaves[2], leaves[3]).backward(grad)
         return [p.grad.float() for p in leaves]
 
-    wg = {g: best_tma(rows, g) for g in ("d down_proj", "d gate_up_proj", "dh")}
-    tma = {}
-    if wg["d down_proj"]:
-        tma["wgrad_down"] = M.GemmConfig(*wg["d down_proj"], tma=True)
-    if wg["d gate_up_proj"]:
-        tma["wgrad_gate_up"] = M.GemmConfig(*wg["d gate_up_proj"], tma=True)
-    dh = {"dh": M.GemmConfig(*wg["dh"], tma=True)} if wg["dh"] else {}
+    best = {kind: best_tma(rows, gname) for gname, kind in
+            (("d down_proj", "wgrad_down"), ("d gate_up_proj", "wgrad_gate_up"), ("dh", "dh"))}
+    on = {kind: M.GemmConfig(*cfg, tma=True) for kind, cfg in best.items() if cfg}
+    tma = {kind: cfg for kind, cfg in on.items() if kind != "dh"}
+    dh = {kind: cfg for kind, cfg in on.items() if kind == "dh"}
     variants = {"shipped table": {}, "tma weight gradients": tma, "tma dh": dh, "tma both": {**tma, **dh}}
     print("\nmoe_experts fwd+bwd, whole op:", flush=True)
     base = step()
